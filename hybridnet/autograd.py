@@ -1,0 +1,244 @@
+"""Autograd: backward, hn.grad, grad-mode switches, and access to the recorded graph."""
+
+import functools
+
+import numpy as np
+
+from compiler import autodiff
+from compiler.errors import ShapeError
+from compiler.ir import Graph
+
+from ._state import STATE
+from .dispatch import EMIT, node_of
+from .tensor import Tensor
+
+
+class _GradMode:
+    """Base for no_grad / enable_grad: a context manager and a decorator."""
+
+    enabled = True
+
+    def __enter__(self):
+        self._prev = STATE.grad
+        STATE.grad = self.enabled
+
+    def __exit__(self, *exc):
+        STATE.grad = self._prev
+        return False
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with type(self)():
+                return fn(*args, **kwargs)
+        return wrapper
+
+
+class no_grad(_GradMode):  # noqa: N801  (PyTorch's name)
+    """Disable gradient recording: `with hn.no_grad(): ...` or `@hn.no_grad()`."""
+
+    enabled = False
+
+
+class enable_grad(_GradMode):  # noqa: N801
+    """Re-enable gradient recording inside a no_grad block."""
+
+    enabled = True
+
+
+class set_grad_enabled(_GradMode):  # noqa: N801
+    """Set grad mode to `mode` for a block."""
+
+    def __init__(self, mode: bool):
+        self.enabled = bool(mode)
+
+    def __call__(self, fn):
+        raise TypeError("use set_grad_enabled as a context manager")
+
+
+def is_grad_enabled() -> bool:
+    """True when grad mode is on."""
+    return STATE.grad
+
+
+# ---- the engine's callbacks ---------------------------------------------------------------
+
+
+def _check_saved(node):
+    for n in (node, *node.inputs):
+        if n.value is None:
+            raise RuntimeError(
+                f"Trying to backward through the graph a second time (op '{n.op}', output "
+                f"{n.type_str()}): its saved values were freed by the first backward(). "
+                "Pass retain_graph=True to the first backward() if you need to do this.")
+    for vc, version in node.saved:
+        if vc[0] != version:
+            raise RuntimeError(
+                f"one of the values needed for gradient computation has been modified by an "
+                f"in-place operation: an input or output of '{node.op}' (output "
+                f"{node.type_str()}) is at version {vc[0]}; expected version {version}")
+
+
+def _value_of(create_graph):
+    if create_graph:
+        return lambda node: Tensor._wrap(node.value, node.requires_grad, node)
+    return lambda node: Tensor._wrap(node.value)
+
+
+def _root_grads(outputs, grad_outputs, op_name):
+    grads = []
+    for i, (out, g) in enumerate(zip(outputs, grad_outputs)):
+        if not out._rg or out._node is None:
+            raise RuntimeError(f"{op_name}: element {i} of tensors does not require grad and "
+                               f"does not have a grad_fn (shape {list(out.shape)})")
+        if g is None:
+            if out._data.size != 1:
+                raise RuntimeError(
+                    f"{op_name}: grad can be implicitly created only for scalar outputs; "
+                    f"output {i} has shape {list(out.shape)} (from '{out._node.op}'); pass "
+                    f"gradient= of that shape")
+            g = Tensor._wrap(np.ones(out.shape, out._data.dtype))
+        else:
+            g = g if isinstance(g, Tensor) else Tensor._wrap(np.asarray(g, out._data.dtype))
+            if g.shape != out.shape:
+                raise ShapeError(f"{op_name}: gradient has shape {list(g.shape)} but the output "
+                                 f"has shape {list(out.shape)} (from '{out._node.op}')")
+            if g._data.dtype != out._data.dtype:
+                g = Tensor._wrap(g._data.astype(out._data.dtype))
+        grads.append(g)
+    return grads
+
+
+def _run(outputs, grad_outputs, sink, retain_graph, create_graph, op_name):
+    outputs = list(outputs)
+    if grad_outputs is None:
+        grad_outputs = [None] * len(outputs)
+    roots = _root_grads(outputs, list(grad_outputs), op_name)
+    with set_grad_enabled(create_graph):
+        order = autodiff.backward([o._node for o in outputs], roots, EMIT,
+                                  _value_of(create_graph), sink, _check_saved)
+    if not retain_graph:
+        for node in order:
+            if node.op != "input":
+                node.value = None
+    return order
+
+
+def backward(tensor, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+    """Accumulate d(tensor)/d(leaf) into each leaf's `.grad`."""
+    retain = create_graph if retain_graph is None else retain_graph
+    wanted = None if inputs is None else {id(node_of(t)) for t in inputs}
+
+    def sink(node, g):
+        if node.op != "input" or (wanted is not None and id(node) not in wanted):
+            return
+        leaf = node.ref() if node.ref is not None else None
+        if leaf is not None:
+            _accumulate(leaf, g, create_graph)
+
+    _run([tensor], [gradient], sink, retain, create_graph, "backward")
+
+
+def _accumulate(leaf, g, create_graph):
+    if create_graph:
+        leaf.grad = g if leaf.grad is None else leaf.grad + g
+        return
+    data = g._data
+    if leaf.grad is None:
+        leaf.grad = Tensor._wrap(np.array(data, dtype=leaf._data.dtype, copy=True))
+    elif leaf.grad._rg or leaf.grad._data.shape != data.shape:
+        leaf.grad = Tensor._wrap(leaf.grad._data + data)
+    else:
+        leaf.grad._data += data
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False,
+         allow_unused=False):
+    """Gradients of `outputs` with respect to `inputs`, without touching `.grad`."""
+    single_out = isinstance(outputs, Tensor)
+    outputs = [outputs] if single_out else list(outputs)
+    single_in = isinstance(inputs, Tensor)
+    inputs = [inputs] if single_in else list(inputs)
+    if grad_outputs is not None and isinstance(grad_outputs, Tensor):
+        grad_outputs = [grad_outputs]
+    for i, t in enumerate(inputs):
+        if not t._rg:
+            raise RuntimeError(f"grad: input {i} (shape {list(t.shape)}) does not require grad")
+    targets = {id(node_of(t)): i for i, t in enumerate(inputs)}
+    found = [None] * len(inputs)
+
+    def sink(node, g):
+        i = targets.get(id(node))
+        if i is not None:
+            found[i] = g if create_graph else Tensor._wrap(g._data)
+
+    retain = create_graph if retain_graph is None else retain_graph
+    _run(outputs, grad_outputs, sink, retain, create_graph, "grad")
+    for i, g in enumerate(found):
+        if g is None and not allow_unused:
+            raise RuntimeError(f"grad: input {i} (shape {list(inputs[i].shape)}) was not used "
+                               "to compute the outputs; pass allow_unused=True to get None")
+    return tuple(found)
+
+
+# ---- the recorded graph -----------------------------------------------------------------
+
+
+class Recorder:
+    """`with hn.record() as g:` records every op run inside, grad or not.
+
+    After the block, `g.graph` is the `hn.Graph` of what ran: its inputs are the
+    leaves used, its outputs the values no recorded op consumed.
+    """
+
+    def __init__(self):
+        self.nodes = []
+        self._rebound = []
+        self._graph = None
+
+    def append(self, node):
+        self.nodes.append(node)
+
+    def rebind(self, tensor, previous):
+        """Note that an in-place op moved `tensor` off `previous` (undone on exit)."""
+        self._rebound.append((tensor, previous))
+
+    def __enter__(self):
+        STATE.recorders.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        STATE.recorders.remove(self)
+        for tensor, _previous in self._rebound:
+            node = tensor._node
+            if node is not None and not node.requires_grad:
+                tensor._node = None  # a fresh leaf next time: recording must not leak
+        self._rebound.clear()
+        return False
+
+    @property
+    def graph(self) -> Graph:
+        """The recorded `hn.Graph`."""
+        if self._graph is None:
+            self._graph = _graph_of_recorded(self.nodes)
+        return self._graph
+
+
+def _graph_of_recorded(nodes) -> Graph:
+    used = set()
+    for node in nodes:
+        used.update(id(i) for i in node.inputs)
+    outputs = [n for n in nodes if id(n) not in used]
+    return Graph.from_outputs(outputs)
+
+
+def record() -> Recorder:
+    """Record every op run inside the block: `with hn.record() as g: ...; g.graph`."""
+    return Recorder()
+
+
+def graph_of(*tensors) -> Graph:
+    """The `hn.Graph` that produced `tensors` (leaves without history are its inputs)."""
+    if not tensors:
+        raise ValueError("graph_of: pass at least one tensor")
+    return Graph.from_outputs([node_of(t) for t in tensors])

@@ -1,0 +1,158 @@
+"""Tensor factories and the global random generator."""
+
+import numpy as np
+
+from compiler import dtypes as cd
+
+from . import dtypes as hd
+from .tensor import Tensor
+
+_rng = np.random.default_rng()
+
+
+def manual_seed(seed: int):
+    """Seed every random draw in hybridnet (factories, init, dropout)."""
+    global _rng
+    _rng = np.random.default_rng(int(seed))
+    return _rng
+
+
+def generator() -> np.random.Generator:
+    """The global NumPy generator behind hybridnet's random draws."""
+    return _rng
+
+
+def _finish(arr, requires_grad) -> Tensor:
+    t = Tensor._wrap(arr)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _infer_np(data) -> np.ndarray:
+    if isinstance(data, Tensor):
+        return data._data.copy()
+    if isinstance(data, (np.ndarray, np.generic)):
+        arr = np.array(data, copy=True)
+        if arr.dtype not in hd.BY_NP:
+            raise TypeError(f"tensor: NumPy dtype {arr.dtype} is not supported; use one of "
+                            f"{', '.join(repr(d) for d in hd.BY_NP.values())}")
+        return arr
+    arr = np.array(data)
+    kind = arr.dtype.kind
+    if kind == "f":
+        return arr.astype(cd.DEFAULT_FLOAT)
+    if kind in "iu":
+        return arr.astype(cd.int64)
+    if kind == "b":
+        return arr
+    raise TypeError(f"tensor: cannot build a tensor from {type(data).__name__} "
+                    f"(NumPy sees dtype {arr.dtype}); pass numbers, nested lists or arrays")
+
+
+def tensor(data, dtype=None, requires_grad=False) -> Tensor:
+    """A new tensor (copying `data`): floats give float32, ints int64, bools bool."""
+    arr = _infer_np(data)
+    if dtype is not None:
+        arr = arr.astype(hd.to_np(dtype), copy=False)
+    return _finish(arr, requires_grad)
+
+
+def from_numpy(a: np.ndarray) -> Tensor:
+    """A tensor sharing memory with `a` (same dtype)."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"from_numpy: expected an ndarray, got {type(a).__name__}")
+    hd.to_np(a.dtype)
+    return Tensor._wrap(a)
+
+
+def _shape(size) -> tuple:
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        size = size[0]
+    shape = tuple(int(s) for s in size)
+    if any(s < 0 for s in shape):
+        raise ValueError(f"negative dimension in shape {list(shape)}")
+    return shape
+
+
+def _dt(dtype, default=cd.DEFAULT_FLOAT) -> np.dtype:
+    return default if dtype is None else hd.to_np(dtype)
+
+
+def zeros(*size, dtype=None, requires_grad=False) -> Tensor:
+    """Zeros of the given shape."""
+    return _finish(np.zeros(_shape(size), _dt(dtype)), requires_grad)
+
+
+def ones(*size, dtype=None, requires_grad=False) -> Tensor:
+    """Ones of the given shape."""
+    return _finish(np.ones(_shape(size), _dt(dtype)), requires_grad)
+
+
+def empty(*size, dtype=None, requires_grad=False) -> Tensor:
+    """Uninitialized values of the given shape (zeros here, for reproducibility)."""
+    return zeros(*size, dtype=dtype, requires_grad=requires_grad)
+
+
+def full(size, fill_value, dtype=None, requires_grad=False) -> Tensor:
+    """`fill_value` everywhere; the dtype follows the value when not given."""
+    dt = _dt(dtype, cd.scalar_dtype(fill_value))
+    return _finish(np.full(_shape((size,)), fill_value, dt), requires_grad)
+
+
+def zeros_like(input, dtype=None, requires_grad=False) -> Tensor:
+    """Zeros shaped like `input`."""
+    return zeros(input.shape, dtype=dtype or input.dtype, requires_grad=requires_grad)
+
+
+def ones_like(input, dtype=None, requires_grad=False) -> Tensor:
+    """Ones shaped like `input`."""
+    return ones(input.shape, dtype=dtype or input.dtype, requires_grad=requires_grad)
+
+
+def full_like(input, fill_value, dtype=None, requires_grad=False) -> Tensor:
+    """`fill_value` shaped like `input`."""
+    return full(input.shape, fill_value, dtype=dtype or input.dtype, requires_grad=requires_grad)
+
+
+def rand(*size, dtype=None, requires_grad=False) -> Tensor:
+    """Uniform [0, 1) samples."""
+    dt = _dt(dtype)
+    return _finish(_rng.random(_shape(size), dtype=np.float64).astype(dt), requires_grad)
+
+
+def randn(*size, dtype=None, requires_grad=False) -> Tensor:
+    """Standard normal samples."""
+    dt = _dt(dtype)
+    return _finish(_rng.standard_normal(_shape(size)).astype(dt), requires_grad)
+
+
+def randint(low, high=None, size=None, dtype=None, requires_grad=False) -> Tensor:
+    """Integers in [low, high) (or [0, low) when high is omitted), int64 by default."""
+    if high is None:
+        low, high = 0, low
+    if size is None:
+        raise TypeError("randint: size= (a shape tuple) is required")
+    arr = _rng.integers(low, high, size=_shape((size,)), dtype=np.int64)
+    return _finish(arr.astype(_dt(dtype, cd.int64)), requires_grad)
+
+
+def arange(start, end=None, step=1, dtype=None, requires_grad=False) -> Tensor:
+    """Values from start to end (exclusive) by step; int64 if all ints, else float32."""
+    if end is None:
+        start, end = 0, start
+    is_int = all(isinstance(v, (int, np.integer)) for v in (start, end, step))
+    dt = _dt(dtype, cd.int64 if is_int else cd.DEFAULT_FLOAT)
+    if step == 0:
+        raise ValueError("arange: step must be nonzero")
+    return _finish(np.arange(start, end, step).astype(dt), requires_grad)
+
+
+def linspace(start, end, steps, dtype=None, requires_grad=False) -> Tensor:
+    """`steps` evenly spaced values from start to end inclusive."""
+    return _finish(np.linspace(start, end, int(steps)).astype(_dt(dtype)), requires_grad)
+
+
+def eye(n, m=None, dtype=None, requires_grad=False) -> Tensor:
+    """Identity matrix (n x m)."""
+    return _finish(np.eye(n, m, dtype=_dt(dtype)), requires_grad)

@@ -1,0 +1,399 @@
+"""Math on tensors, composed from the registry's primitives.
+
+Each public function here is also a Tensor method (see `hybridnet._methods`).
+Composites (relu, gelu, softmax, logsumexp, var, ...) are written with
+primitives only, so they get gradients, recording and, later, fusion for free.
+"""
+
+import builtins
+import math
+
+import numpy as np
+
+from compiler import dtypes as cd
+from compiler.errors import DTypeError, ShapeError
+
+from .dispatch import apply, as_operand, binary, cast, promote, unary
+from .tensor import Tensor
+
+# ---- elementwise ---------------------------------------------------------------------
+
+
+def exp(input):
+    """e ** input."""
+    return unary("exp", input)
+
+
+def log(input):
+    """Natural logarithm; log(0) = -inf."""
+    return unary("log", input)
+
+
+def sqrt(input):
+    """Square root."""
+    return unary("sqrt", input)
+
+
+def rsqrt(input):
+    """1 / sqrt(input)."""
+    return 1.0 / unary("sqrt", input)
+
+
+def sin(input):
+    """Sine."""
+    return unary("sin", input)
+
+
+def cos(input):
+    """Cosine."""
+    return unary("cos", input)
+
+
+def tanh(input):
+    """Hyperbolic tangent."""
+    return unary("tanh", input)
+
+
+def sigmoid(input):
+    """Logistic sigmoid, computed without overflow."""
+    return unary("sigmoid", input)
+
+
+def erf(input):
+    """Gauss error function."""
+    return unary("erf", input)
+
+
+def abs(input):  # noqa: A001  (PyTorch's name)
+    """Absolute value."""
+    return unary("abs", input)
+
+
+def neg(input):
+    """-input."""
+    return unary("neg", input)
+
+
+def sign(input):
+    """-1, 0 or 1 (gradient zero)."""
+    return unary("sign", input)
+
+
+def square(input):
+    """input * input."""
+    return input * input
+
+
+def reciprocal(input):
+    """1 / input."""
+    return 1.0 / input
+
+
+def pow(input, exponent):  # noqa: A001
+    """input ** exponent (tensors or scalars)."""
+    return binary("pow", input, exponent)
+
+
+def add(input, other, *, alpha=1):
+    """input + alpha * other."""
+    return binary("add", input, other if alpha == 1 else other * alpha)
+
+
+def sub(input, other, *, alpha=1):
+    """input - alpha * other."""
+    return binary("sub", input, other if alpha == 1 else other * alpha)
+
+
+def mul(input, other):
+    """input * other."""
+    return binary("mul", input, other)
+
+
+def div(input, other):
+    """input / other (true division)."""
+    return binary("div", input, other)
+
+
+def maximum(input, other):
+    """Elementwise max; on ties the gradient is split evenly, as in PyTorch."""
+    return binary("maximum", input, other)
+
+
+def minimum(input, other):
+    """Elementwise min."""
+    return binary("minimum", input, other)
+
+
+def where(condition, input, other):
+    """condition ? input : other, with broadcasting and promotion of input/other."""
+    cond = as_operand(condition, "where")
+    if not isinstance(cond, Tensor) or cond._data.dtype.kind != "b":
+        raise DTypeError(f"where: condition must be a bool tensor, got {_desc(cond)}")
+    a, b = promote("where", (as_operand(input, "where"), as_operand(other, "where")))
+    return apply("where", (cond, a, b))
+
+
+def clamp(input, min=None, max=None):  # noqa: A002
+    """Clamp into [min, max]; the gradient is 1 inside, including the bounds."""
+    if min is None and max is None:
+        raise ValueError("clamp: at least one of min and max must be given")
+    out = input
+    if min is not None:
+        out = where(out < min, _like(min, out), out)
+    if max is not None:
+        out = where(out > max, _like(max, out), out)
+    return out
+
+
+def relu(input):
+    """max(input, 0), gradient 0 at 0."""
+    return where(input > 0, input, 0.0 if input._data.dtype.kind == "f" else 0)
+
+
+def gelu(input, approximate: str = "none"):
+    """GELU: exact (erf) by default, or the tanh approximation with approximate='tanh'."""
+    if approximate == "tanh":
+        inner = (input + 0.044715 * input * input * input) * math.sqrt(2.0 / math.pi)
+        return 0.5 * input * (1.0 + tanh(inner))
+    if approximate != "none":
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return 0.5 * input * (1.0 + erf(input * (1.0 / math.sqrt(2.0))))
+
+
+def silu(input):
+    """input * sigmoid(input)."""
+    return input * sigmoid(input)
+
+
+def _like(value, t):
+    return value if not isinstance(value, Tensor) else cast(value, t._data.dtype)
+
+
+def _desc(x) -> str:
+    if isinstance(x, Tensor):
+        return f"{x.dtype}{list(x.shape)}"
+    return type(x).__name__
+
+
+# ---- reductions ----------------------------------------------------------------------
+
+
+def normalize_dims(op: str, t, dim) -> tuple:
+    """dim (None, int, or sequence; negatives allowed) -> sorted non-negative tuple."""
+    ndim = t._data.ndim
+    if dim is None:
+        return tuple(range(ndim))
+    dims = (dim,) if isinstance(dim, (int, np.integer)) else tuple(dim)
+    lim = builtins.max(ndim, 1)  # a 0-d tensor accepts dim 0 and -1, as in PyTorch
+    out = []
+    for d in dims:
+        d = int(d)
+        if not -lim <= d < lim:
+            raise ShapeError(f"{op}: dim {d} is out of range for a tensor of shape "
+                             f"{list(t.shape)} (expected {-lim}..{lim - 1})")
+        out.append(d % lim)
+    if len(set(out)) != len(out):
+        raise ShapeError(f"{op}: dim {dims} repeats a dim")
+    return tuple(sorted(out)) if ndim else ()
+
+
+def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001
+    """Sum over dim (all dims by default); bool and int32 inputs sum as int64."""
+    x = input
+    if dtype is not None:
+        from .dtypes import to_np
+        x = cast(x, to_np(dtype))
+    elif x._data.dtype.kind in "bi" and x._data.dtype != cd.int64:
+        x = cast(x, cd.int64)
+    return apply("sum", (x,), {"dims": normalize_dims("sum", x, dim), "keepdim": bool(keepdim)})
+
+
+def _count(t, dims) -> int:
+    return math.prod(t._data.shape[d] for d in dims)
+
+
+def mean(input, dim=None, keepdim=False):
+    """Mean over dim; floating-point inputs only (as PyTorch)."""
+    _need_float("mean", input)
+    dims = normalize_dims("mean", input, dim)
+    total = apply("sum", (input,), {"dims": dims, "keepdim": bool(keepdim)})
+    n = _count(input, dims)
+    return total / n if n else total * float("nan")
+
+
+def var(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """Variance with Bessel's correction by default (correction=1, or unbiased=True)."""
+    _need_float("var", input)
+    if correction is None:
+        correction = 1 if unbiased is None else int(bool(unbiased))
+    dims = normalize_dims("var", input, dim)
+    centered = input - mean(input, dims, keepdim=True)
+    total = apply("sum", (centered * centered,), {"dims": dims, "keepdim": bool(keepdim)})
+    dof = _count(input, dims) - correction
+    return total / dof if dof > 0 else total / 0.0
+
+
+def std(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """Standard deviation: sqrt(var(...))."""
+    return sqrt(var(input, dim, unbiased, keepdim, correction=correction))
+
+
+def amax(input, dim=(), keepdim=False):
+    """Max over dim (all dims when dim is () or None); ties share the gradient."""
+    dims = normalize_dims("amax", input, None if dim == () else dim)
+    return apply("max", (input,), {"dims": dims, "keepdim": bool(keepdim)})
+
+
+def amin(input, dim=(), keepdim=False):
+    """Min over dim (all dims when dim is () or None)."""
+    dims = normalize_dims("amin", input, None if dim == () else dim)
+    return apply("min", (input,), {"dims": dims, "keepdim": bool(keepdim)})
+
+
+def _one_dim(op, t, dim) -> int:
+    (d,) = normalize_dims(op, t, int(dim)) or (0,)
+    return d
+
+
+def argmax(input, dim=None, keepdim=False):
+    """Index of the first max (over the flattened tensor when dim is None), int64."""
+    d = None if dim is None else _one_dim("argmax", input, dim)
+    return apply("argmax", (input,), {"dim": d, "keepdim": bool(keepdim)})
+
+
+def argmin(input, dim=None, keepdim=False):
+    """Index of the first min, int64."""
+    d = None if dim is None else _one_dim("argmin", input, dim)
+    return apply("argmin", (input,), {"dim": d, "keepdim": bool(keepdim)})
+
+
+class MaxResult(tuple):
+    """(values, indices), as PyTorch's torch.return_types.max."""
+
+    @property
+    def values(self):
+        return self[0]
+
+    @property
+    def indices(self):
+        return self[1]
+
+
+def _select_reduce(name, input, dim, keepdim, other):
+    if isinstance(other, Tensor):
+        return (maximum if name == "max" else minimum)(input, other)
+    if dim is None:
+        return (amax if name == "max" else amin)(input)
+    d = _one_dim(name, input, dim)
+    idx = apply("arg" + name, (input,), {"dim": d, "keepdim": True})
+    # The gradient goes to the selected index only, as PyTorch's max(dim) does.
+    if input.ndim:
+        hit = apply("eq", (arange_like(input, d), idx))
+        picked = where(hit, input, _identity(name, input))
+        values = apply(name, (picked,), {"dims": (d,), "keepdim": bool(keepdim)})
+    else:
+        values = input
+    if not keepdim and input.ndim:
+        idx = idx.squeeze(d)
+    return MaxResult((values, idx))
+
+
+def _identity(name, t):
+    kind = t._data.dtype.kind
+    if kind == "f":
+        return -math.inf if name == "max" else math.inf
+    if kind == "b":
+        return name != "max"
+    info = np.iinfo(t._data.dtype)
+    return int(info.min if name == "max" else info.max)
+
+
+def arange_like(t, dim) -> Tensor:
+    """int64 positions along `dim`, shaped to broadcast against t."""
+    shape = [1] * t.ndim
+    shape[dim] = t.shape[dim]
+    return Tensor._wrap(np.arange(t.shape[dim], dtype=np.int64).reshape(shape))
+
+
+def max(input, dim=None, keepdim=False, *, other=None):  # noqa: A001
+    """max(): 0-d max; max(dim): (values, indices); max(other): elementwise maximum."""
+    if isinstance(dim, Tensor):
+        dim, other = None, dim
+    return _select_reduce("max", input, dim, keepdim, other)
+
+
+def min(input, dim=None, keepdim=False, *, other=None):  # noqa: A001
+    """min(): 0-d min; min(dim): (values, indices); min(other): elementwise minimum."""
+    if isinstance(dim, Tensor):
+        dim, other = None, dim
+    return _select_reduce("min", input, dim, keepdim, other)
+
+
+def logsumexp(input, dim=None, keepdim=False):
+    """log(sum(exp(input))) over dim, stable for large values and all -inf rows."""
+    _need_float("logsumexp", input)
+    dims = normalize_dims("logsumexp", input, dim)
+    m = amax(input.detach(), dims, keepdim=True)
+    m = where(abs(m) < math.inf, m, 0.0)  # an inf max would make inf - inf = nan
+    total = apply("sum", (exp(input - m),), {"dims": dims, "keepdim": True})
+    out = log(total) + m
+    return out if keepdim else _squeeze_dims(out, dims)
+
+
+def softmax(input, dim=None, dtype=None):
+    """exp(x - max) / sum(exp(x - max)) along dim (one dim, as PyTorch)."""
+    x = _softmax_input("softmax", input, dim, dtype)
+    d = _one_dim("softmax", x, dim)
+    e = exp(x - amax(x.detach(), d, keepdim=True))
+    return e / apply("sum", (e,), {"dims": (d,), "keepdim": True})
+
+
+def log_softmax(input, dim=None, dtype=None):
+    """x - logsumexp(x) along dim."""
+    x = _softmax_input("log_softmax", input, dim, dtype)
+    return x - logsumexp(x, _one_dim("log_softmax", x, dim), keepdim=True)
+
+
+def _softmax_input(op, input, dim, dtype):
+    if dim is None:
+        raise TypeError(f"{op}: pass dim= explicitly (implicit dim is deprecated in PyTorch)")
+    if dtype is not None:
+        from .dtypes import to_np
+        return cast(input, to_np(dtype))
+    return input if input._data.dtype.kind == "f" else cast(input, cd.DEFAULT_FLOAT)
+
+
+def _need_float(op, t):
+    if t._data.dtype.kind != "f":
+        raise DTypeError(f"{op}(): expected a floating-point input, got {t.dtype} "
+                         f"with shape {list(t.shape)}")
+
+
+def _squeeze_dims(t, dims):
+    shape = tuple(s for i, s in enumerate(t.shape) if i not in dims)
+    return apply("reshape", (t,), {"shape": shape})
+
+
+# ---- matmul ---------------------------------------------------------------------------
+
+
+def matmul(input, other):
+    """Matrix product with NumPy/PyTorch semantics for 1-D and batched inputs."""
+    a, b = as_operand(input, "matmul"), as_operand(other, "matmul")
+    if not isinstance(a, Tensor) or not isinstance(b, Tensor) or not a.ndim or not b.ndim:
+        raise ShapeError(f"matmul: both arguments need at least 1 dim, got {_desc(a)} "
+                         f"and {_desc(b)}")
+    if a.shape[-1] != b.shape[-2 if b.ndim > 1 else -1]:
+        raise ShapeError(f"matmul: shapes cannot be multiplied: {_desc(a)} @ {_desc(b)}")
+    a, b = promote("matmul", (a, b))
+    a2 = a.reshape(1, a.shape[0]) if a.ndim == 1 else a
+    b2 = b.reshape(b.shape[0], 1) if b.ndim == 1 else b
+    out = apply("matmul", (a2, b2))
+    if a.ndim == 1 or b.ndim == 1:
+        shape = out.shape[:-2] + ((out.shape[-2],) if a.ndim > 1 else ()) + (
+            (out.shape[-1],) if b.ndim > 1 else ())
+        out = out.reshape(shape)
+    return out
+
+
+mm = matmul

@@ -1,0 +1,159 @@
+"""In-place ops (`add_`, `mul_`, `zero_`, ...), with PyTorch's safety checks.
+
+Without recording, the NumPy buffer is updated in place and the version counter
+bumped, so a backward that saved the old value raises instead of using stale
+data. When the op must be recorded (grad mode with an input that requires grad,
+or inside `hn.record()`), the result is computed out of place, written into the
+buffer, and the tensor is rebound to the new node, as PyTorch rebases history.
+"""
+
+import numpy as np
+
+from compiler import dtypes as cd
+from compiler.errors import DTypeError, ShapeError
+
+from ._state import STATE
+from .dispatch import binary, version_counter
+from .tensor import Tensor
+
+_UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide}
+
+
+def _check_leaf(t, name):
+    if STATE.grad and t._rg and t.is_leaf:
+        raise RuntimeError(
+            f"{name}: a leaf tensor that requires grad ({t.dtype}{list(t.shape)}) is used in "
+            f"an in-place operation; wrap the update in `with hn.no_grad():`")
+    node = t._node
+    if STATE.grad and node is not None and node.requires_grad and node.opdef.has("movement"):
+        raise RuntimeError(f"{name}: in-place update of a view ({node.op}) of a tensor that "
+                           f"requires grad is not supported; use an out-of-place op")
+
+
+def _check_result(t, name, res_shape, res_dtype):
+    if tuple(res_shape) != t.shape:
+        raise ShapeError(f"{name}: result of shape {list(res_shape)} cannot be written into "
+                         f"{t.dtype}{list(t.shape)} (in-place ops do not broadcast self)")
+    if cd.category(res_dtype) > cd.category(t._data.dtype):
+        raise DTypeError(f"{name}: result type {res_dtype} can't be cast to the in-place "
+                         f"tensor's dtype {t.dtype}")
+    if not t._data.flags.writeable:
+        raise RuntimeError(f"{name}: tensor {t.dtype}{list(t.shape)} is a read-only view "
+                           f"(e.g. from expand); clone() it first")
+
+
+def _needs_recording(t, other) -> bool:
+    if STATE.recorders:
+        return True
+    return STATE.grad and (t._rg or (isinstance(other, Tensor) and other._rg))
+
+
+def snapshot(t) -> Tensor:
+    """A recorded copy of t, so a recorded in-place op never saves the buffer it overwrites."""
+    from .shape import clone
+    return clone(t)
+
+
+def write_result(t, res: Tensor, name: str) -> Tensor:
+    """Store a recorded out-of-place result into `t` and rebind t to its node."""
+    _check_result(t, name, res.shape, res._data.dtype)
+    from .dispatch import cast
+    res = cast(res, t._data.dtype)
+    np.copyto(t._data, res._data)
+    version_counter(t)[0] += 1
+    if res._node is not None:
+        for rec in STATE.recorders:
+            rec.rebind(t, t._node)
+        t._node = res._node
+        t._rg = res._rg
+    return t
+
+
+def binary_(t, name, other, alpha=1):
+    """t <- t (op) other, in place."""
+    label = name + "_"
+    _check_leaf(t, label)
+    if alpha != 1:
+        other = other * alpha
+    if _needs_recording(t, other):
+        src = t if name in ("add", "sub") else snapshot(t)
+        return write_result(t, binary(name, src, other), label)
+    od = other._data if isinstance(other, Tensor) else other
+    res_dtype = np.result_type(t._data, od) if isinstance(other, Tensor) else (
+        t._data.dtype if t._data.dtype.kind == "f" or isinstance(other, (int, bool))
+        else np.dtype(np.float32))
+    if name == "div" and t._data.dtype.kind != "f":
+        res_dtype = np.dtype(np.float32)
+    shape = np.broadcast_shapes(t.shape, np.shape(od)) if isinstance(other, Tensor) else t.shape
+    _check_result(t, label, shape, res_dtype)
+    _UFUNCS[name](t._data, od, out=t._data)
+    version_counter(t)[0] += 1
+    return t
+
+
+def add_(self, other, *, alpha=1):
+    """self += alpha * other, in place."""
+    return binary_(self, "add", other, alpha)
+
+
+def sub_(self, other, *, alpha=1):
+    """self -= alpha * other, in place."""
+    return binary_(self, "sub", other, alpha)
+
+
+def mul_(self, other):
+    """self *= other, in place."""
+    return binary_(self, "mul", other)
+
+
+def div_(self, other):
+    """self /= other, in place."""
+    return binary_(self, "div", other)
+
+
+def fill_(self, value):
+    """Set every element to `value`, in place."""
+    _check_leaf(self, "fill_")
+    if _needs_recording(self, value):
+        from .functional import where
+        filled = where(Tensor._wrap(np.ones(self.shape, bool)), value, self.detach())
+        return write_result(self, filled, "fill_")
+    _check_result(self, "fill_", self.shape, self._data.dtype)
+    self._data[...] = value.item() if isinstance(value, Tensor) else value
+    version_counter(self)[0] += 1
+    return self
+
+
+def zero_(self):
+    """Set every element to zero, in place."""
+    return fill_(self, 0)
+
+
+def copy_(self, src):
+    """Copy `src` (broadcast to self's shape, cast to self's dtype) into self."""
+    _check_leaf(self, "copy_")
+    if not isinstance(src, Tensor):
+        src = Tensor._wrap(np.asarray(src))
+    if _needs_recording(self, src):
+        from .dispatch import cast
+        from .shape import expand
+        res = cast(expand(src, *self.shape), self._data.dtype)
+        return write_result(self, res, "copy_")
+    try:
+        np.copyto(self._data, np.broadcast_to(src._data, self.shape), casting="unsafe")
+    except ValueError:
+        raise ShapeError(f"copy_: source {src.dtype}{list(src.shape)} cannot be broadcast to "
+                         f"{self.dtype}{list(self.shape)}") from None
+    version_counter(self)[0] += 1
+    return self
+
+
+def clamp_(self, min=None, max=None):  # noqa: A002
+    """Clamp into [min, max], in place."""
+    _check_leaf(self, "clamp_")
+    from .functional import clamp
+    if _needs_recording(self, None):
+        return write_result(self, clamp(snapshot(self), min, max), "clamp_")
+    np.clip(self._data, min, max, out=self._data)
+    version_counter(self)[0] += 1
+    return self
