@@ -61,7 +61,7 @@ def apply(name: str, inputs, attrs=_EMPTY):
     """Run primitive `name` on tensors (or dtype-matched NumPy scalars) eagerly."""
     opdef = REGISTRY[name]
     T = Tensor
-    arrays = [x._data if type(x) is T else x for x in inputs]
+    arrays = [x._data if isinstance(x, T) else x for x in inputs]
     try:
         out = opdef.impl(*arrays, **attrs)
     except (ValueError, TypeError, IndexError, OverflowError) as exc:
@@ -71,7 +71,7 @@ def apply(name: str, inputs, attrs=_EMPTY):
     needs = False
     if STATE.grad and opdef.vjp is not None:
         for x in inputs:
-            if type(x) is T and x._rg:
+            if isinstance(x, T) and x._rg:
                 needs = True
                 break
     if needs or STATE.recorders:
@@ -87,12 +87,12 @@ def _fast(opdef, a, b, da, db):
         raise _explain(opdef, [da, db], _EMPTY, exc) from exc
     res = _new(Tensor)
     res._data, res._rg, res.grad, res._node, res._vc = out, False, None, None, None
-    if STATE.recorders or (STATE.grad and (a._rg or (type(b) is Tensor and b._rg))
+    if STATE.recorders or (STATE.grad and (a._rg or (isinstance(b, Tensor) and b._rg))
                            and opdef.vjp is not None):
-        if type(b) is not Tensor:
+        if not isinstance(b, Tensor):
             b = da.dtype.type(b)
         record(opdef, (a, b), _EMPTY, res, STATE.grad and opdef.vjp is not None and (
-            a._rg or (type(b) is Tensor and b._rg)))
+            a._rg or (isinstance(b, Tensor) and b._rg)))
     return res
 
 
@@ -110,7 +110,7 @@ def version_counter(t) -> list:
 def node_of(x):
     """The tape node for a tensor (a fresh leaf if it has no history) or a scalar."""
     T = Tensor
-    if type(x) is not T:
+    if not isinstance(x, T):
         arr = np.asarray(x)
         node = TapeNode("const", (), {"value": arr.item(), "dtype": str(arr.dtype)}, (),
                         arr.dtype)
@@ -133,7 +133,7 @@ def record(opdef, inputs, attrs, res, requires_grad):
     saved = []
     if "in" in opdef.saves:
         for x in inputs:
-            if type(x) is T:
+            if isinstance(x, T):
                 vc = version_counter(x)
                 saved.append((vc, vc[0]))
     if "out" in opdef.saves:
@@ -173,7 +173,7 @@ def cast(t, dtype: np.dtype):
 def as_operand(x, name: str):
     """Accept a tensor or a Python/NumPy scalar as an operand of op `name`."""
     T = Tensor
-    if type(x) is T or isinstance(x, T):
+    if isinstance(x, T):
         return x
     if isinstance(x, (np.generic, np.ndarray)) and np.ndim(x) == 0:
         return x.item()
@@ -190,7 +190,7 @@ def promote(name: str, operands):
     """Cast tensor operands and type scalars to the op's common dtype (PyTorch rules)."""
     T = Tensor
     opdef = REGISTRY[name]
-    tensors = [x for x in operands if type(x) is T]
+    tensors = [x for x in operands if isinstance(x, T)]
     first = tensors[0]._data.dtype
     if all(t._data.dtype is first for t in tensors) and len(tensors) == len(operands):
         dt = first
@@ -198,13 +198,13 @@ def promote(name: str, operands):
         scalar = operands[1] if operands[0] is tensors[0] else operands[0]
         dt = _scalar_result(first, scalar)
     else:
-        dt = cd.result_type([(t._data.dtype, _priority(t)) if type(t) is T
+        dt = cd.result_type([(t._data.dtype, _priority(t)) if isinstance(t, T)
                              else (cd.scalar_dtype(t), 0) for t in operands])
     if Trait.FLOAT_ONLY in opdef.traits and dt.kind != "f":
         dt = cd.DEFAULT_FLOAT
     out = []
     for x in operands:
-        if type(x) is T:
+        if isinstance(x, T):
             out.append(x if x._data.dtype is dt else cast(x, dt))
         else:
             out.append(dt.type(x))
@@ -214,10 +214,10 @@ def promote(name: str, operands):
 def binary(name: str, a, b):
     """A broadcasting binary op on tensors and/or Python scalars, with promotion."""
     opdef = REGISTRY[name]
-    if type(a) is Tensor:
+    if isinstance(a, Tensor):
         da = a._data
         kind = da.dtype.kind
-        if type(b) is Tensor:
+        if isinstance(b, Tensor):
             db = b._data
             if db.dtype is da.dtype and (kind == "f" or Trait.FLOAT_ONLY not in opdef.traits):
                 return _fast(opdef, a, b, da, db)
@@ -248,12 +248,12 @@ class EagerEmitter:
 
     def __call__(self, name, *vals, **attrs):
         T = Tensor
-        if all(type(v) is T for v in vals):
+        if all(isinstance(v, T) for v in vals):
             return apply(name, vals, attrs)
-        like = next((v for v in vals if type(v) is T and v._data.dtype.kind != "b"),
-                    next(v for v in vals if type(v) is T))
+        like = next((v for v in vals if isinstance(v, T) and v._data.dtype.kind != "b"),
+                    next(v for v in vals if isinstance(v, T)))
         dt = like._data.dtype
-        return apply(name, [v if type(v) is T else dt.type(v) for v in vals], attrs)
+        return apply(name, [v if isinstance(v, T) else dt.type(v) for v in vals], attrs)
 
     def const(self, value, like):
         """A 0-d constant with `like`'s dtype."""

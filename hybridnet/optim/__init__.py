@@ -1,1 +1,5 @@
-"""optim placeholder."""
+"""hybridnet.optim: SGD, Adam, AdamW."""
+
+from .adam import Adam, AdamW
+from .optimizer import Optimizer
+from .sgd import SGD

@@ -1,0 +1,24 @@
+"""`nn.Parameter`: a tensor that a Module registers as a learnable parameter."""
+
+from ..tensor import Tensor
+
+
+class Parameter(Tensor):
+    """A leaf tensor that requires grad by default and is registered by Modules.
+
+    >>> w = hn.nn.Parameter(hn.zeros(3))        # doctest: +SKIP
+    """
+
+    __slots__ = ()
+
+    def __init__(self, data=None, requires_grad: bool = True):
+        import numpy as np
+        arr = np.zeros((0,), np.float32) if data is None else (
+            data._data if isinstance(data, Tensor) else np.asarray(data))
+        self._data, self.grad, self._node, self._vc = arr, None, None, None
+        self._rg = False
+        if requires_grad:
+            self.requires_grad_(True)
+
+    def __repr__(self) -> str:
+        return "Parameter containing:\n" + super().__repr__()

@@ -1,0 +1,134 @@
+"""`Optimizer` base: parameter groups, per-parameter state, zero_grad, state dicts."""
+
+import copy
+
+import numpy as np
+
+from ..autograd import no_grad
+from ..tensor import Tensor
+
+
+class Optimizer:
+    """Base class: `params` is an iterable of tensors or of dicts (parameter groups)."""
+
+    def __init__(self, params, defaults: dict):
+        self.defaults = dict(defaults)
+        self.state = {}
+        self.param_groups = []
+        params = list(params)
+        if not params:
+            raise ValueError(f"{type(self).__name__} got an empty parameter list")
+        groups = params if isinstance(params[0], dict) else [{"params": params}]
+        for group in groups:
+            self.add_param_group(group)
+
+    def add_param_group(self, group: dict) -> None:
+        """Add a group of parameters with its own hyper-parameters."""
+        group = dict(group)
+        params = group["params"]
+        params = [params] if isinstance(params, Tensor) else list(params)
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        for p in params:
+            if not isinstance(p, Tensor):
+                raise TypeError(f"{type(self).__name__}: parameters must be tensors, got "
+                                f"{type(p).__name__}")
+            if not p.requires_grad:
+                raise ValueError(f"{type(self).__name__}: a parameter of shape {list(p.shape)} "
+                                 "does not require grad")
+            if id(p) in seen:
+                raise ValueError("some parameters appear in more than one parameter group")
+        group["params"] = params
+        for key, value in self.defaults.items():
+            group.setdefault(key, value)
+        self.param_groups.append(group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset gradients of every parameter."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if set_to_none:
+                    p.grad = None
+                elif p.grad is not None:
+                    p.grad._data[...] = 0
+
+    def step(self, closure=None):
+        """Apply one update (implemented by subclasses in `_update`)."""
+        loss = None
+        if closure is not None:
+            from ..autograd import enable_grad
+            with enable_grad():
+                loss = closure()
+        with no_grad():
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        self._update(p, p.grad, self.state.setdefault(p, {}), group)
+        return loss
+
+    def _update(self, p, grad, state, group):
+        raise NotImplementedError
+
+    # ---- state dicts ----------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """{'state': {index: {...}}, 'param_groups': [{..., 'params': [index, ...]}]}."""
+        index, groups = {}, []
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            packed["params"] = []
+            for p in group["params"]:
+                index.setdefault(id(p), len(index))
+                packed["params"].append(index[id(p)])
+            groups.append(packed)
+        state = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p in self.state:
+                    state[index[id(p)]] = {k: (v.detach() if isinstance(v, Tensor) else v)
+                                           for k, v in self.state[p].items()}
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore hyper-parameters and state saved by `state_dict()`."""
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups):
+            raise ValueError(f"loaded state dict has {len(groups)} parameter groups, the "
+                             f"optimizer has {len(self.param_groups)}")
+        by_index = {}
+        for mine, saved in zip(self.param_groups, groups):
+            if len(mine["params"]) != len(saved["params"]):
+                raise ValueError("loaded state dict has a group of a different size "
+                                 f"({len(saved['params'])} vs {len(mine['params'])} params)")
+            for k, v in saved.items():
+                if k != "params":
+                    mine[k] = copy.deepcopy(v)
+            by_index.update(zip(saved["params"], mine["params"]))
+        self.state = {}
+        for key, entry in state_dict["state"].items():
+            p = by_index.get(int(key))
+            if p is None:
+                raise ValueError(f"loaded state refers to unknown parameter index {key}")
+            self.state[p] = {k: self._restore(v, p, k) for k, v in entry.items()}
+
+    @staticmethod
+    def _restore(value, p, key):
+        if isinstance(value, Tensor):
+            arr = value._data
+        elif isinstance(value, np.ndarray):
+            arr = value
+        else:
+            return value
+        if key != "step" and arr.shape != p.shape:
+            raise ValueError(f"optimizer state {key!r} has shape {list(arr.shape)}, the "
+                             f"parameter has {list(p.shape)}")
+        return Tensor._wrap(np.array(arr, dtype=arr.dtype, copy=True))
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__} ("]
+        for i, group in enumerate(self.param_groups):
+            lines.append(f"Parameter Group {i}")
+            for k, v in sorted(group.items()):
+                if k != "params":
+                    lines.append(f"    {k}: {v}")
+        lines.append(")")
+        return "\n".join(lines)
