@@ -29,7 +29,13 @@ def _finish(arr, requires_grad) -> Tensor:
     return t
 
 
-def _infer_np(data) -> np.ndarray:
+def _infer_np(data, dtype=None) -> np.ndarray:
+    if dtype is not None and not isinstance(data, Tensor):
+        try:
+            return np.array(data, dtype=hd.to_np(dtype))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"tensor: cannot build a {dtype} tensor from "
+                            f"{type(data).__name__}: {exc}") from None
     if isinstance(data, Tensor):
         return data._data.copy()
     if isinstance(data, (np.ndarray, np.generic)):
@@ -52,7 +58,7 @@ def _infer_np(data) -> np.ndarray:
 
 def tensor(data, dtype=None, requires_grad=False) -> Tensor:
     """A new tensor (copying `data`): floats give float32, ints int64, bools bool."""
-    arr = _infer_np(data)
+    arr = _infer_np(data, dtype)
     if dtype is not None:
         arr = arr.astype(hd.to_np(dtype), copy=False)
     return _finish(arr, requires_grad)

@@ -12,8 +12,9 @@ import numpy as np
 
 from compiler import dtypes as cd
 from compiler.errors import DTypeError, ShapeError
+from compiler.ops import REGISTRY
 
-from .dispatch import apply, as_operand, binary, cast, promote, unary
+from .dispatch import _fast, apply, as_operand, binary, cast, promote, unary
 from .tensor import Tensor
 
 # ---- elementwise ---------------------------------------------------------------------
@@ -379,6 +380,10 @@ def _squeeze_dims(t, dims):
 
 def matmul(input, other):
     """Matrix product with NumPy/PyTorch semantics for 1-D and batched inputs."""
+    if isinstance(input, Tensor) and isinstance(other, Tensor):
+        da, db = input._data, other._data
+        if da.ndim >= 2 and db.ndim >= 2 and da.dtype is db.dtype and da.dtype.kind != "b":
+            return _fast(_MATMUL, input, other, da, db)
     a, b = as_operand(input, "matmul"), as_operand(other, "matmul")
     if not isinstance(a, Tensor) or not isinstance(b, Tensor) or not a.ndim or not b.ndim:
         raise ShapeError(f"matmul: both arguments need at least 1 dim, got {_desc(a)} "
@@ -397,3 +402,4 @@ def matmul(input, other):
 
 
 mm = matmul
+_MATMUL = REGISTRY["matmul"]
