@@ -56,11 +56,22 @@ class Node:
 
 
 def _fmt_attr(value) -> str:
-    if isinstance(value, np.dtype):
-        return str(value)
-    if isinstance(value, float):
-        return repr(value)
+    if isinstance(value, np.ndarray):
+        if value.size <= 8:
+            return f"array({value.tolist()})"
+        return f"array({value.dtype}[{', '.join(str(s) for s in value.shape)}])"
     return repr(value)
+
+
+def _hash_attr(value) -> str:
+    if isinstance(value, np.ndarray):
+        return f"array({value.dtype},{value.shape},{hashlib.sha256(value.tobytes()).hexdigest()})"
+    return repr(value)
+
+
+def size_class(shape) -> tuple:
+    """A shape abstracted to what size-generic code depends on: rank and size-1 dims."""
+    return tuple(1 if s == 1 else -1 for s in shape)
 
 
 def collect(outputs) -> list:
@@ -125,14 +136,19 @@ class Graph:
 
     # -- identity and checking -------------------------------------------------------
 
-    def structural_hash(self) -> str:
-        """A hash of the graph's structure (ops, attrs, wiring, shapes, dtypes)."""
+    def structural_hash(self, exact_shapes: bool = True) -> str:
+        """A hash of the graph's structure (ops, attrs, wiring, shapes, dtypes).
+
+        With exact_shapes=False, shapes count only by rank and which dims are 1, so
+        graphs that differ only in sizes (a new batch size) hash alike.
+        """
         index = {id(n): i for i, n in enumerate(self.nodes)}
         h = hashlib.sha256()
         for node in self.nodes:
             ins = [index[id(i)] for i in node.inputs]
-            attrs = sorted((k, _fmt_attr(v)) for k, v in node.attrs.items())
-            h.update(repr((node.op, ins, attrs, node.shape, str(node.dtype))).encode())
+            attrs = sorted((k, _hash_attr(v)) for k, v in node.attrs.items())
+            shape = node.shape if exact_shapes else size_class(node.shape)
+            h.update(repr((node.op, ins, attrs, shape, str(node.dtype))).encode())
         h.update(repr([index[id(n)] for n in self.inputs]).encode())
         h.update(repr([index[id(n)] for n in self.outputs]).encode())
         return h.hexdigest()
@@ -157,6 +173,41 @@ class Graph:
         for node in list(self.inputs) + list(self.outputs):
             if id(node) not in seen:
                 raise OpError(f"verify: {node!r} is an input or output but not in the graph")
+
+    # -- editing (used by passes) -------------------------------------------------------
+
+    def clone(self) -> "Graph":
+        """A copy made of fresh plain `Node`s (passes never edit the eager tape)."""
+        mapping = {}
+        nodes = []
+        for node in self.nodes:
+            new = Node(node.op, tuple(mapping[id(i)] for i in node.inputs), dict(node.attrs),
+                       tuple(node.shape), node.dtype, node.requires_grad)
+            mapping[id(node)] = new
+            nodes.append(new)
+        return Graph(nodes, [mapping[id(n)] for n in self.inputs],
+                     [mapping[id(n)] for n in self.outputs])
+
+    def users(self) -> dict:
+        """id(node) -> list of nodes that use it (in graph order; repeats kept)."""
+        table = {id(n): [] for n in self.nodes}
+        for node in self.nodes:
+            for inp in node.inputs:
+                table.setdefault(id(inp), []).append(node)
+        return table
+
+    def replace_all_uses(self, old: Node, new: Node) -> None:
+        """Make every user (and the outputs) of `old` use `new` instead."""
+        for node in self.nodes:
+            if any(i is old for i in node.inputs):
+                node.inputs = tuple(new if i is old else i for i in node.inputs)
+        self.outputs = [new if o is old else o for o in self.outputs]
+
+    def insert_before(self, anchor: Node, node: Node) -> Node:
+        """Insert `node` into the node list just before `anchor`."""
+        pos = next(i for i, n in enumerate(self.nodes) if n is anchor)
+        self.nodes.insert(pos, node)
+        return node
 
     # -- execution and conversion -------------------------------------------------------
 

@@ -152,6 +152,11 @@ register(OpDef("expand", 1, lambda x, shape: np.broadcast_to(x, shape), _expand_
                doc="broadcast to `shape` (a read-only view)"))
 
 
+register(OpDef("detach", 1, lambda x: x, lambda shapes, dtypes: (tuple(shapes[0]), dtypes[0]),
+               traits=_MOVE, saves=_NONE,
+               doc="identity that stops gradients (recorded only inside hn.record / tracing)"))
+
+
 def _slices(index):
     return tuple(slice(start, stop, step) for start, stop, step in index)
 
@@ -198,6 +203,9 @@ def _cat_rule(shapes, dtypes, dim):
         raise ShapeError("cat: expected a non-empty list of tensors")
     dt = same_dtype("cat", shapes, dtypes)
     first = tuple(shapes[0])
+    if not first:
+        raise ShapeError(f"cat: zero-dimensional tensors cannot be concatenated, got "
+                         f"{_shape_str(shapes, dtypes)}")
     check_dims("cat", (dim,), len(first), first, dt)
     for s in shapes[1:]:
         if len(s) != len(first) or any(a != b for i, (a, b) in enumerate(zip(s, first))
@@ -289,7 +297,13 @@ def _swap_last(e, x):
     return e("permute", x, dims=tuple(range(n - 2)) + (n - 1, n - 2))
 
 
-register(OpDef("matmul", 2, np.matmul, _matmul_rule,
+def _matmul(a, b):
+    if a.dtype.kind == "b" or b.dtype.kind == "b":  # as the rule says (NumPy would allow it)
+        raise TypeError("matmul is not supported on bool inputs")
+    return np.matmul(a, b)
+
+
+register(OpDef("matmul", 2, _matmul, _matmul_rule,
                vjp=(lambda e, g, x, o, a: sum_to(e, e("matmul", g, _swap_last(e, x[1])),
                                                  x[0].shape),
                     lambda e, g, x, o, a: sum_to(e, e("matmul", _swap_last(e, x[0]), g),

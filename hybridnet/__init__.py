@@ -117,5 +117,11 @@ __all__ = [
     "full_like", "rand", "randn", "randint", "arange", "linspace", "eye", "manual_seed",
     "float32", "float64", "int32", "int64", "bool", "no_grad", "enable_grad",
     "set_grad_enabled", "is_grad_enabled", "grad", "record", "graph_of", "save", "load_state",
-    "nn", "optim",
+    "nn", "optim", "DType", "double", "long", "float", "int",
+    "abs", "add", "amax", "amin", "argmax", "argmin", "clamp", "cos", "div", "erf", "exp",
+    "gelu", "log", "log_softmax", "logsumexp", "matmul", "max", "maximum", "mean", "min",
+    "minimum", "mm", "mul", "neg", "pow", "reciprocal", "relu", "rsqrt", "sigmoid", "sign",
+    "silu", "sin", "softmax", "sqrt", "square", "std", "sub", "sum", "tanh", "var", "where",
+    "broadcast_to", "cat", "chunk", "concat", "expand", "flatten", "permute", "reshape",
+    "split", "squeeze", "stack", "transpose", "unsqueeze",
 ]

@@ -5,6 +5,7 @@ import numpy as np
 from compiler import dtypes as cd
 
 from . import dtypes as hd
+from ._state import STATE
 from .tensor import Tensor
 
 _rng = np.random.default_rng()
@@ -13,17 +14,28 @@ _rng = np.random.default_rng()
 def manual_seed(seed: int):
     """Seed every random draw in hybridnet (factories, init, dropout)."""
     global _rng
+    if STATE.recorders:
+        from .capture import note_untraceable
+        note_untraceable("hn.manual_seed() inside a traced function")
     _rng = np.random.default_rng(int(seed))
     return _rng
 
 
 def generator() -> np.random.Generator:
     """The global NumPy generator behind hybridnet's random draws."""
+    if STATE.recorders:
+        from .capture import note_untraceable
+        note_untraceable("random numbers are drawn (rand/randn/dropout...); the JIT cannot "
+                         "replay them yet")
     return _rng
 
 
 def _finish(arr, requires_grad) -> Tensor:
-    t = Tensor._wrap(arr)
+    if STATE.recorders:
+        from .capture import literal
+        t = literal(arr)
+    else:
+        t = Tensor._wrap(arr)
     if requires_grad:
         t.requires_grad_(True)
     return t
@@ -124,13 +136,13 @@ def full_like(input, fill_value, dtype=None, requires_grad=False) -> Tensor:
 def rand(*size, dtype=None, requires_grad=False) -> Tensor:
     """Uniform [0, 1) samples."""
     dt = _dt(dtype)
-    return _finish(_rng.random(_shape(size), dtype=np.float64).astype(dt), requires_grad)
+    return _finish(generator().random(_shape(size), dtype=np.float64).astype(dt), requires_grad)
 
 
 def randn(*size, dtype=None, requires_grad=False) -> Tensor:
     """Standard normal samples."""
     dt = _dt(dtype)
-    return _finish(_rng.standard_normal(_shape(size)).astype(dt), requires_grad)
+    return _finish(generator().standard_normal(_shape(size)).astype(dt), requires_grad)
 
 
 def randint(low, high=None, size=None, dtype=None, requires_grad=False) -> Tensor:
@@ -139,7 +151,7 @@ def randint(low, high=None, size=None, dtype=None, requires_grad=False) -> Tenso
         low, high = 0, low
     if size is None:
         raise TypeError("randint: size= (a shape tuple) is required")
-    arr = _rng.integers(low, high, size=_shape((size,)), dtype=np.int64)
+    arr = generator().integers(low, high, size=_shape((size,)), dtype=np.int64)
     return _finish(arr.astype(_dt(dtype, cd.int64)), requires_grad)
 
 

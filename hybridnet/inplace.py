@@ -61,7 +61,9 @@ def write_result(t, res: Tensor, name: str) -> Tensor:
     res = cast(res, t._data.dtype)
     np.copyto(t._data, res._data)
     version_counter(t)[0] += 1
-    if res._node is not None:
+    if res._node is None:
+        t._node, t._rg = None, False
+    else:
         for rec in STATE.recorders:
             rec.rebind(t, t._node)
         t._node = res._node
@@ -115,13 +117,18 @@ def fill_(self, value):
     """Set every element to `value`, in place."""
     _check_leaf(self, "fill_")
     if _needs_recording(self, value):
-        from .functional import where
-        filled = where(Tensor._wrap(np.ones(self.shape, bool)), value, self.detach())
-        return write_result(self, filled, "fill_")
+        return write_result(self, _overwrite(self, value), "fill_")
     _check_result(self, "fill_", self.shape, self._data.dtype)
     self._data[...] = value.item() if isinstance(value, Tensor) else value
     version_counter(self)[0] += 1
     return self
+
+
+def _overwrite(t, value):
+    """`value` in t's place; where(all-true, value, t) keeps t in the graph with zero gradient."""
+    from .capture import literal
+    from .functional import where
+    return where(literal(np.ones(t.shape, bool)), value, snapshot(t))
 
 
 def zero_(self):
@@ -133,12 +140,13 @@ def copy_(self, src):
     """Copy `src` (broadcast to self's shape, cast to self's dtype) into self."""
     _check_leaf(self, "copy_")
     if not isinstance(src, Tensor):
-        src = Tensor._wrap(np.asarray(src))
+        from .capture import literal
+        src = literal(np.asarray(src))
     if _needs_recording(self, src):
         from .dispatch import cast
         from .shape import expand
-        res = cast(expand(src, *self.shape), self._data.dtype)
-        return write_result(self, res, "copy_")
+        return write_result(self, _overwrite(self, cast(expand(src, *self.shape),
+                                                        self._data.dtype)), "copy_")
     try:
         np.copyto(self._data, np.broadcast_to(src._data, self.shape), casting="unsafe")
     except ValueError:

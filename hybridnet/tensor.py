@@ -59,7 +59,7 @@ class Tensor:
     @property
     def data(self) -> "Tensor":
         """The same values, detached from autograd (shares memory)."""
-        return Tensor._wrap(self._data)
+        return self.detach()
 
     @data.setter
     def data(self, value):
@@ -135,10 +135,15 @@ class Tensor:
         if self._data.size != 1:
             raise ValueError(f"item(): a tensor with {self._data.size} elements "
                              f"(shape {list(self.shape)}) cannot be converted to a scalar")
-        return self._data.item()
+        value = self._data.item()
+        if STATE.recorders:
+            _note_value(self, "item", value)
+        return value
 
     def tolist(self):
         """Nested Python lists (a number for a 0-d tensor)."""
+        if STATE.recorders:
+            _note_untraceable("t.tolist() reads every value into Python")
         return self._data.tolist()
 
     def numpy(self) -> np.ndarray:
@@ -146,6 +151,8 @@ class Tensor:
         if self._rg:
             raise RuntimeError("Can't call numpy() on a Tensor that requires grad. "
                                "Use tensor.detach().numpy() instead.")
+        if STATE.recorders:
+            _note_untraceable("t.numpy() / np.asarray(t) hands the data to NumPy")
         return self._data
 
     def __array__(self, dtype=None, copy=None):
@@ -158,7 +165,10 @@ class Tensor:
         if self._data.size != 1:
             raise RuntimeError(f"Boolean value of Tensor with {self._data.size} values "
                                f"(shape {list(self.shape)}) is ambiguous")
-        return bool(self._data)
+        value = bool(self._data)
+        if STATE.recorders:
+            _note_value(self, "bool", value)
+        return value
 
     def __float__(self) -> float:
         return float(self.item())
@@ -169,12 +179,15 @@ class Tensor:
     def __index__(self) -> int:
         if self._data.dtype.kind not in "iu" or self._data.size != 1:
             raise TypeError("only integer tensors of a single element can be used as an index")
-        return int(self._data)
+        return int(self.item())
 
     def detach(self) -> "Tensor":
         """The same values with no history (shares memory and version counter)."""
-        from .dispatch import version_counter
-        t = Tensor._wrap(self._data)
+        from .dispatch import apply, version_counter
+        if STATE.recorders:  # keep the dataflow visible to recording and tracing
+            t = apply("detach", (self,))
+        else:
+            t = Tensor._wrap(self._data)
         t._vc = version_counter(self)
         return t
 
@@ -291,11 +304,22 @@ class Tensor:
         setitem(self, index, value)
 
 
+def _note_value(t, kind, value):
+    from .capture import note_value
+    note_value(t, kind, value)
+
+
+def _note_untraceable(reason):
+    from .capture import note_untraceable
+    note_untraceable(reason)
+
+
 def _logical(a, b, symbol):
     """Bool `&`/`|` as `where` (so they are recorded like every other op)."""
     from .dispatch import apply
     if not isinstance(b, Tensor):
-        b = Tensor._wrap(np.asarray(b))
+        from .capture import literal
+        b = literal(np.asarray(b))
     if a._data.dtype.kind != "b" or b._data.dtype.kind != "b":
         raise TypeError(f"{symbol} is only defined for bool tensors, got "
                         f"{a.dtype}{list(a.shape)} and {b.dtype}{list(b.shape)}")

@@ -1,0 +1,1 @@
+"""Lowering: optimized graphs to backend code (Numba loop source; LLVM IR later)."""

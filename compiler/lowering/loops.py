@@ -1,0 +1,227 @@
+"""Emit one fused LoopGroup as an inline loop nest (see compiler.passes.fusion)."""
+
+import numpy as np
+
+from .rules import REDUCE_COMBINE, RULES, reduce_identity
+
+
+def _pad(shape) -> tuple:
+    return tuple(shape) if len(shape) else (1,)
+
+
+class _Group:
+    """Per-group codegen state."""
+
+    def __init__(self, em, group, units_of):
+        self.em, self.g, self.units_of = em, group, units_of
+        self.ctx = em.ctx
+        self.domain = group.domain
+        self.rank = len(group.domain)
+        self.materialized = self._materialized()
+        self.dims = [f"d{group.index}_{j}" for j in range(self.rank)]
+
+    # -- planning -----------------------------------------------------------------------
+
+    def _materialized(self) -> set:
+        g, out = self.g, set()
+        for node in g.nodes:
+            nid = id(node)
+            if nid in self.em.outputs:
+                out.add(nid)
+                continue
+            for user in self.em.users.get(nid, []):
+                if not g.holds(user):
+                    out.add(nid)
+                elif nid not in g.row_level and g.phase[id(user)] > g.phase[nid]:
+                    out.add(nid)  # a full value read back in a later phase
+        if g.buffer_reductions:
+            out.update(id(n) for n in g.nodes if n.op in REDUCE_COMBINE)
+        return out
+
+    def _externals(self):
+        seen = []
+        for node in self.g.nodes:
+            for inp in node.inputs:
+                if not self.g.holds(inp) and inp.op != "const" and inp not in seen:
+                    seen.append(inp)
+        return seen
+
+    # -- sizes and indexing ---------------------------------------------------------------
+
+    def emit_sizes(self):
+        full_inputs = [i for i in self._externals()]
+        for j in range(self.rank):
+            expr = None
+            for inp in full_inputs:
+                shape = _pad(inp.shape)
+                off = self.rank - len(shape)
+                jj = j - off
+                if jj >= 0 and (shape[jj] != 1 or self.domain[j] == 1) and \
+                        shape[jj] == self.domain[j]:
+                    expr = f"{self.em.array_of(inp)}.shape[{jj}]"
+                    break
+            if expr is None:
+                expr = str(self.domain[j])
+                if self.domain[j] != 1:
+                    self.ctx.shape_generic = False
+            self.em.emit(f"{self.dims[j]} = {expr}")
+
+    def index(self, shape, idx, domain=None) -> str:
+        domain = self.domain if domain is None else domain
+        shape = _pad(shape)
+        off = len(domain) - len(shape)
+        parts = []
+        for j, size in enumerate(shape):
+            parts.append("0" if size == 1 and domain[j + off] != 1 else idx[j + off])
+        return ", ".join(parts)
+
+    def _squeezed_row(self, node) -> bool:
+        g = self.g
+        return g.inner > 0 and id(node) in g.row_level and len(node.shape) == g.outer
+
+    def row_shape_expr(self, node) -> str:
+        outer = self.dims[:self.g.outer]
+        if len(node.shape) == len(self.domain) or not len(node.shape):
+            dims = outer + ["1"] * (self.rank - self.g.outer)
+        else:
+            dims = outer
+        dims = dims or ["1"]
+        return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
+
+    def shape_expr_full(self) -> str:
+        return "(" + ", ".join(self.dims) + ("," if self.rank == 1 else "") + ")"
+
+    # -- operands -----------------------------------------------------------------------------
+
+    def operand(self, inp, user, idx) -> str:
+        """The expression for input `inp` of `user` at loop indices `idx`."""
+        if inp.op == "const" and np.ndim(inp.attrs["value"]) == 0:
+            return self.ctx.const(inp.attrs["value"], inp.dtype)
+        if self.g.holds(inp):
+            reread = id(inp) not in self.g.row_level and \
+                self.g.phase[id(inp)] < self.g.phase[id(user)]
+            if not reread:
+                return self.ctx.scalar(inp)
+        arr = self.em.array_of(inp)
+        if self._squeezed_row(user) and self.g.outer:
+            outer = self.g.outer
+            return f"{arr}[{self.index(inp.shape, idx[:outer], self.domain[:outer])}]"
+        return f"{arr}[{self.index(inp.shape, idx)}]"
+
+    def expr(self, node, idx) -> str:
+        args = [self.operand(i, node, idx) for i in node.inputs]
+        return RULES[node.op](args, node, self.ctx)
+
+    # -- emission -------------------------------------------------------------------------
+
+    def allocate(self):
+        for node in self.g.nodes:
+            if id(node) not in self.materialized:
+                continue
+            var, dt = self.ctx.var(node), f"np.{node.dtype.name}"
+            if node.op in REDUCE_COMBINE and self.g.buffer_reductions:
+                shape = self._buffer_shape(node)
+                init = self.ctx.const(reduce_identity(node.op, node.dtype), node.dtype)
+                self.em.emit(f"{var} = np.full({shape}, {init}, {dt})")
+            elif id(node) in self.g.row_level:
+                self.em.emit(f"{var} = np.empty({self.row_shape_expr(node)}, {dt})")
+            else:
+                self.em.emit(f"{var} = np.empty({self.shape_expr_full()}, {dt})")
+
+    def _buffer_shape(self, node) -> str:
+        dims, keep = node.attrs["dims"], node.attrs["keepdim"]
+        src_rank = len(node.inputs[0].shape)
+        parts = []
+        for j in range(src_rank):
+            if j in dims:
+                if keep:
+                    parts.append("1")
+            else:
+                parts.append(self.dims[j + self.rank - src_rank])
+        parts = parts or ["1"]
+        return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+    def _buffer_index(self, node, idx) -> str:
+        dims, keep = node.attrs["dims"], node.attrs["keepdim"]
+        src_rank = len(node.inputs[0].shape)
+        off = self.rank - src_rank
+        parts = []
+        for j in range(src_rank):
+            if j in dims:
+                if keep:
+                    parts.append("0")
+            else:
+                parts.append(idx[j + off])
+        return ", ".join(parts or ["0"])
+
+    def emit_full(self, node, idx, depth):
+        em, s = self.em, self.ctx.scalar(node)
+        if node.op in REDUCE_COMBINE and self.g.buffer_reductions:
+            var = self.ctx.var(node)
+            at = f"{var}[{self._buffer_index(node, idx)}]"
+            value = self.operand(node.inputs[0], node, idx)
+            em.emit(f"{s}_v = {value}", depth)
+            em.emit(f"{at} = " + REDUCE_COMBINE[node.op].format(acc=at, v=f"{s}_v"), depth)
+            return
+        em.emit(f"{s} = {self.expr(node, idx)}", depth)
+        if id(node) in self.materialized:
+            em.emit(f"{self.ctx.var(node)}[{self.index(node.shape, idx)}] = {s}", depth)
+
+    def emit_row_node(self, node, row_idx, depth):
+        em, s = self.em, self.ctx.scalar(node)
+        if node.op in REDUCE_COMBINE:
+            em.emit(f"{s} = r{self.ctx.index[id(node)]}", depth)
+        else:
+            em.emit(f"{s} = {self.expr(node, row_idx)}", depth)
+        if id(node) in self.materialized:
+            em.emit(f"{self.ctx.var(node)}[{self._row_store_index(node)}] = {s}", depth)
+
+    def _row_store_index(self, node) -> str:
+        outer = [f"i{j}" for j in range(self.g.outer)]
+        if len(node.shape) == len(self.domain) or not len(node.shape):
+            parts = outer + ["0"] * (self.rank - self.g.outer)
+        else:
+            parts = outer
+        return ", ".join(parts or ["0"])
+
+    def emit(self):
+        g, em = self.g, self.em
+        em.emit(f"# kernel {g.index}: {', '.join(n.op for n in g.nodes)}")
+        self.emit_sizes()
+        self.allocate()
+        idx = [f"i{j}" for j in range(self.rank)]
+        depth = 1
+        for j in range(g.outer):
+            em.emit(f"for i{j} in range({self.dims[j]}):", depth)
+            depth += 1
+        row_idx = idx[:g.outer] + ["0"] * g.inner
+        for phase in sorted(set(g.phase.values())):
+            self._emit_phase(phase, idx, row_idx, depth)
+
+    def _emit_phase(self, phase, idx, row_idx, depth):
+        g, em = self.g, self.em
+        members = [n for n in g.nodes if g.phase[id(n)] == phase]
+        full = [n for n in members if id(n) not in g.row_level]
+        reds = [n for n in members if id(n) in g.row_level and n.op in REDUCE_COMBINE]
+        rows = [n for n in members if id(n) in g.row_level and n.op not in REDUCE_COMBINE]
+        for red in reds:
+            init = self.ctx.const(reduce_identity(red.op, red.dtype), red.dtype)
+            em.emit(f"r{self.ctx.index[id(red)]} = {init}", depth)
+        inner_depth = depth
+        if full or reds:
+            for j in range(g.outer, self.rank):
+                em.emit(f"for i{j} in range({self.dims[j]}):", inner_depth)
+                inner_depth += 1
+            for node in full:
+                self.emit_full(node, idx, inner_depth)
+            for red in reds:
+                r = f"r{self.ctx.index[id(red)]}"
+                value = self.operand(red.inputs[0], red, idx)
+                em.emit(f"{r} = " + REDUCE_COMBINE[red.op].format(acc=r, v=value), inner_depth)
+        for node in reds + rows:
+            self.emit_row_node(node, row_idx, depth)
+
+
+def emit_group(em, group, units_of):
+    """Append the loop nest for `group` to the entry being generated."""
+    _Group(em, group, units_of).emit()

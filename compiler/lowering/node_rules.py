@@ -1,0 +1,160 @@
+"""Lowering of ops that are not fused into loops: matmul, movement, gather, arg-reductions.
+
+Each rule appends lines defining the node's array variable. Rules that need a
+size known only at trace time mark the program as not shape-generic.
+"""
+
+import numpy as np
+
+from .rules import REDUCE_COMBINE
+
+
+def _tuple(parts) -> str:
+    parts = [str(p) for p in parts] or ["1"]
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
+def _pad(shape) -> tuple:
+    return tuple(shape) if len(shape) else (1,)
+
+
+def _static(em):
+    em.ctx.shape_generic = False
+
+
+def _reshape(em, node, x):
+    _static(em)
+    em.emit(f"{em.ctx.var(node)} = np.ascontiguousarray({x}).reshape({_tuple(_pad(node.shape))})")
+
+
+def _permute(em, node, x):
+    em.emit(f"{em.ctx.var(node)} = np.transpose({x}, {_tuple(node.attrs['dims'])})")
+
+
+def _slice(em, node, x):
+    _static(em)
+    parts = [f"{a}:{b}:{c}" for a, b, c in node.attrs["index"]] or [":"]
+    em.emit(f"{em.ctx.var(node)} = {x}[{', '.join(parts)}]")
+
+
+def _pad_slice(em, node, x):
+    _static(em)
+    v = em.ctx.var(node)
+    parts = [f"{a}:{b}:{c}" for a, b, c in node.attrs["index"]] or [":"]
+    em.emit(f"{v} = np.zeros({_tuple(_pad(node.shape))}, np.{node.dtype.name})")
+    em.emit(f"{v}[{', '.join(parts)}] = {x}")
+
+
+def _cat(em, node, *xs):
+    em.emit(f"{em.ctx.var(node)} = np.concatenate(({', '.join(xs)},), axis={node.attrs['dim']})")
+
+
+def _matmul(em, node, a, b):
+    from .numba_codegen import LoweringError
+    if node.dtype.kind != "f":
+        raise LoweringError(f"matmul on {node.dtype} is run eagerly (BLAS needs floats)")
+    em.ctx.uses_blas = True
+    v = em.ctx.var(node)
+    if len(node.shape) == 2:
+        em.emit(f"{v} = np.dot(np.ascontiguousarray({a}), np.ascontiguousarray({b}))")
+        return
+    _static(em)
+    ra, rb = (len(i.shape) for i in node.inputs)
+    batch = node.shape[:-2]
+    em.emit(f"{v} = np.empty({_tuple(node.shape)}, np.{node.dtype.name})")
+    em.emit(f"{v}_a = np.ascontiguousarray(np.broadcast_to({a}, "
+            f"{_tuple(batch + node.inputs[0].shape[-2:])}))")
+    em.emit(f"{v}_b = np.ascontiguousarray(np.broadcast_to({b}, "
+            f"{_tuple(batch + node.inputs[1].shape[-2:])}))")
+    em.emit(f"{v}_f = {v}.reshape((-1,) + {v}.shape[-2:])")
+    em.emit(f"{v}_af = {v}_a.reshape((-1,) + {v}_a.shape[-2:])")
+    em.emit(f"{v}_bf = {v}_b.reshape((-1,) + {v}_b.shape[-2:])")
+    em.emit(f"for q in range({v}_f.shape[0]):")
+    em.emit(f"    {v}_f[q] = np.dot({v}_af[q], {v}_bf[q])")
+    del ra, rb
+
+
+def _three_way(shape, dim):
+    before = int(np.prod(shape[:dim])) if dim else 1
+    after = int(np.prod(shape[dim + 1:])) if dim + 1 < len(shape) else 1
+    return before, shape[dim], after
+
+
+def _take(em, node, x, idx):
+    _static(em)
+    v, dim = em.ctx.var(node), node.attrs["dim"]
+    src, ind = node.inputs
+    a, n, b = _three_way(_pad(src.shape), dim)
+    m = int(np.prod(ind.shape)) if len(ind.shape) else 1
+    em.emit(f"{v}_x = np.ascontiguousarray({x}).reshape(({a}, {n}, {b}))")
+    em.emit(f"{v}_i = np.ascontiguousarray({idx}).reshape(({m},))")
+    em.emit(f"{v}_o = np.empty(({a}, {m}, {b}), np.{node.dtype.name})")
+    em.emit(f"for q in range({m}):")
+    em.emit(f"    k = {v}_i[q]")
+    em.emit("    if k < 0:")
+    em.emit(f"        k += {n}")
+    em.emit(f"    if k < 0 or k >= {n}:")
+    em.emit(f"        raise IndexError('take: index out of range for dim {dim} with size {n}')")
+    em.emit(f"    for p in range({a}):")
+    em.emit(f"        for r in range({b}):")
+    em.emit(f"            {v}_o[p, q, r] = {v}_x[p, k, r]")
+    em.emit(f"{v} = {v}_o.reshape({_tuple(_pad(node.shape))})")
+
+
+def _scatter_add(em, node, src, idx):
+    _static(em)
+    v, dim, size = em.ctx.var(node), node.attrs["dim"], node.attrs["size"]
+    s_node, i_node = node.inputs
+    a = int(np.prod(s_node.shape[:dim])) if dim else 1
+    m = int(np.prod(i_node.shape)) if len(i_node.shape) else 1
+    b = int(np.prod(node.shape[dim + 1:])) if dim + 1 < len(node.shape) else 1
+    em.emit(f"{v}_s = np.ascontiguousarray({src}).reshape(({a}, {m}, {b}))")
+    em.emit(f"{v}_i = np.ascontiguousarray({idx}).reshape(({m},))")
+    em.emit(f"{v}_o = np.zeros(({a}, {size}, {b}), np.{node.dtype.name})")
+    em.emit(f"for q in range({m}):")
+    em.emit(f"    k = {v}_i[q]")
+    em.emit("    if k < 0:")
+    em.emit(f"        k += {size}")
+    em.emit(f"    for p in range({a}):")
+    em.emit(f"        for r in range({b}):")
+    em.emit(f"            {v}_o[p, k, r] += {v}_s[p, q, r]")
+    em.emit(f"{v} = {v}_o.reshape({_tuple(_pad(node.shape))})")
+
+
+def _argreduce(em, node, x):
+    _static(em)
+    v, dim = em.ctx.var(node), node.attrs["dim"]
+    src = node.inputs[0]
+    better = ">" if node.op == "argmax" else "<"
+    if dim is None or not len(src.shape):
+        a, n, b = 1, int(np.prod(_pad(src.shape))), 1
+    else:
+        a, n, b = _three_way(src.shape, dim)
+    em.emit(f"{v}_x = np.ascontiguousarray({x}).reshape(({a}, {n}, {b}))")
+    em.emit(f"{v}_o = np.zeros(({a}, {b}), np.int64)")
+    em.emit(f"for p in range({a}):")
+    em.emit(f"    for r in range({b}):")
+    em.emit(f"        best = {v}_x[p, 0, r]")
+    em.emit(f"        for q in range(1, {n}):")
+    em.emit(f"            c = {v}_x[p, q, r]")
+    em.emit(f"            if best == best and (c {better} best or c != c):")
+    em.emit("                best = c")
+    em.emit(f"                {v}_o[p, r] = q")
+    em.emit(f"{v} = {v}_o.reshape({_tuple(_pad(node.shape))})")
+
+
+NODE_RULES = {
+    "reshape": _reshape, "permute": _permute, "slice": _slice, "pad_slice": _pad_slice,
+    "cat": _cat, "matmul": _matmul, "take": _take, "scatter_add": _scatter_add,
+    "argmax": _argreduce, "argmin": _argreduce,
+}
+
+
+def emit_node(em, node):
+    """Append the lines computing `node` (a NodeUnit) to the entry."""
+    from .numba_codegen import LoweringError
+    rule = NODE_RULES.get(node.op)
+    if rule is None or node.op in REDUCE_COMBINE:
+        raise LoweringError(f"the numba backend cannot lower op {node.op!r} on its own")
+    em.emit(f"# {node.op} {node.type_str()}")
+    rule(em, node, *[em.array_of(i) for i in node.inputs])

@@ -1,0 +1,101 @@
+"""The Numba backend's lowering table: one scalar-expression rule per elementwise op.
+
+Each rule takes the operand expressions (strings), the node and the codegen
+context, and returns a Python expression Numba compiles. Constants are typed
+globals (np.float32(0.5), never a bare 0.5 that Numba would widen to float64).
+Float32 transcendentals use `compiler.lowering.mathlib` (vectorizable
+polynomials) when it provides them; float64 uses libm through NumPy.
+"""
+
+import numpy as np
+
+_MATHLIB = ("exp", "log", "tanh", "sigmoid", "erf")
+
+
+def _bin(symbol):
+    return lambda a, node, ctx: f"({a[0]} {symbol} {a[1]})"
+
+
+def _fn(name):
+    def rule(a, node, ctx):
+        return f"{ctx.math(name, node.dtype)}({a[0]})"
+    return rule
+
+
+def _sigmoid(a, node, ctx):
+    fast = ctx.math("sigmoid", node.dtype, optional=True)
+    if fast:
+        return f"{fast}({a[0]})"
+    one = ctx.const(1, node.dtype)
+    return f"({one} / ({one} + {ctx.math('exp', node.dtype)}(-{a[0]})))"
+
+
+def _maximum(a, node, ctx):
+    return f"({a[0]} if ({a[0]} > {a[1]} or {a[0]} != {a[0]}) else {a[1]})"
+
+
+def _minimum(a, node, ctx):
+    return f"({a[0]} if ({a[0]} < {a[1]} or {a[0]} != {a[0]}) else {a[1]})"
+
+
+def _cast(a, node, ctx):
+    if node.dtype.kind == "b":
+        return f"({a[0]} != 0)"
+    return f"np.{node.dtype.name}({a[0]})"
+
+
+def _sign(a, node, ctx):
+    if node.dtype.kind == "b":
+        return a[0]
+    zero, one = ctx.const(0, node.dtype), ctx.const(1, node.dtype)
+    return (f"({one} if {a[0]} > {zero} else (-{one} if {a[0]} < {zero} else "
+            f"({a[0]} if {a[0]} != {a[0]} else {zero})))")
+
+
+def _abs(a, node, ctx):
+    if node.dtype.kind == "b":
+        return a[0]
+    return f"abs({a[0]})"
+
+
+RULES = {
+    "add": _bin("+"), "sub": _bin("-"), "mul": _bin("*"), "div": _bin("/"),
+    "pow": _bin("**"),
+    "lt": _bin("<"), "le": _bin("<="), "gt": _bin(">"), "ge": _bin(">="),
+    "eq": _bin("=="), "ne": _bin("!="),
+    "maximum": _maximum, "minimum": _minimum,
+    "neg": lambda a, node, ctx: f"(-{a[0]})",
+    "exp": _fn("exp"), "log": _fn("log"), "sqrt": _fn("sqrt"), "sin": _fn("sin"),
+    "cos": _fn("cos"), "tanh": _fn("tanh"), "erf": _fn("erf"), "sigmoid": _sigmoid,
+    "abs": _abs, "sign": _sign,
+    "where": lambda a, node, ctx: f"({a[1]} if {a[0]} else {a[2]})",
+    "cast": _cast,
+    "detach": lambda a, node, ctx: a[0],
+    "expand": lambda a, node, ctx: a[0],
+}
+
+# Reductions: (initial value, combine(acc, value) expression).
+REDUCE_INIT = {"sum": "zero", "max": "lowest", "min": "highest"}
+REDUCE_COMBINE = {
+    "sum": "{acc} + {v}",
+    "max": "{v} if ({v} > {acc} or {v} != {v}) else {acc}",
+    "min": "{v} if ({v} < {acc} or {v} != {v}) else {acc}",
+}
+
+
+def reduce_identity(op: str, dtype: np.dtype):
+    """The identity value for reduction `op` on `dtype`."""
+    kind = REDUCE_INIT[op]
+    if kind == "zero":
+        return dtype.type(0)
+    if dtype.kind == "f":
+        return dtype.type(-np.inf if kind == "lowest" else np.inf)
+    if dtype.kind == "b":
+        return np.bool_(kind == "highest")
+    info = np.iinfo(dtype)
+    return dtype.type(info.min if kind == "lowest" else info.max)
+
+
+def libm_name(name: str) -> str:
+    """The NumPy/math spelling Numba compiles for `name` (a libm call)."""
+    return "math.erf" if name == "erf" else f"np.{name}"

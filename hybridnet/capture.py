@@ -1,0 +1,129 @@
+"""Capture for the tracing JIT: run a function eagerly while recording its graph.
+
+A `TraceRecorder` is an `hn.record()` block that also notes what the graph
+alone cannot say: tensors created during the call (literal constants, or values
+computed outside the op set), value-dependent decisions (`bool(t)`, `t.item()`,
+...) with the value seen, tensors updated in place, and anything that makes the
+call impossible to replay (`t.numpy()`, random numbers, ...).
+"""
+
+import numpy as np
+
+from ._state import STATE
+from .autograd import Recorder
+from .dispatch import node_of
+from .tensor import Tensor
+
+
+class ValueGuard:
+    """A value-dependent decision: `kind` ('bool', 'item', ...) on `node` saw `value`."""
+
+    __slots__ = ("node", "kind", "value")
+
+    def __init__(self, node, kind, value):
+        self.node, self.kind, self.value = node, kind, value
+
+    def __repr__(self) -> str:
+        return f"ValueGuard({self.kind}({self.node.op} {self.node.type_str()}) == {self.value!r})"
+
+
+class TraceRecorder(Recorder):
+    """Records one eager call of a traced function (see module docstring)."""
+
+    def __init__(self):
+        super().__init__()
+        self.created = {}  # id(tensor) -> tensor, for tensors built during the call
+        self.literals = set()  # ids of created tensors that are deterministic constants
+        self.guards = []
+        self.reasons = []
+        self.mutated = []  # tensors rebound by in-place ops, in order
+
+    # -- hooks called from the tensor layer -------------------------------------------
+
+    def note_created(self, t):
+        self.created[id(t)] = t
+
+    def note_literal(self, t):
+        self.created[id(t)] = t
+        self.literals.add(id(t))
+
+    def untraceable(self, reason: str):
+        if reason not in self.reasons:
+            self.reasons.append(reason)
+
+    def guard(self, t, kind: str, value):
+        self.guards.append(ValueGuard(node_of(t), kind, value))
+
+    def rebind(self, tensor, previous):
+        super().rebind(tensor, previous)
+        self.mutated.append(tensor)
+
+    # -- context ---------------------------------------------------------------------------
+
+    def __enter__(self):
+        super().__enter__()
+        _install_wrap_hook()
+        return self
+
+    def __exit__(self, *exc):
+        _remove_wrap_hook()
+        return super().__exit__(*exc)
+
+
+def active():
+    """The innermost TraceRecorder, or None (cheap when nothing is recorded)."""
+    if not STATE.recorders:
+        return None
+    for rec in reversed(STATE.recorders):
+        if isinstance(rec, TraceRecorder):
+            return rec
+    return None
+
+
+# ---- noting tensors created while tracing --------------------------------------------------
+
+_plain_wrap = Tensor.__dict__["_wrap"]
+_hooks = [0]
+
+
+def _tracking_wrap(cls, data, requires_grad=False, node=None):
+    t = _plain_wrap.__func__(cls, data, requires_grad, node)
+    rec = active()
+    if rec is not None and node is None:
+        rec.note_created(t)
+    return t
+
+
+def _install_wrap_hook():
+    _hooks[0] += 1
+    if _hooks[0] == 1:
+        Tensor._wrap = classmethod(_tracking_wrap)
+
+
+def _remove_wrap_hook():
+    _hooks[0] -= 1
+    if _hooks[0] == 0:
+        Tensor._wrap = _plain_wrap
+
+
+def literal(arr) -> Tensor:
+    """A tensor holding a constant built from literals (safe to bake into a trace)."""
+    t = _plain_wrap.__func__(Tensor, np.asarray(arr))
+    rec = active()
+    if rec is not None:
+        rec.note_literal(t)
+    return t
+
+
+def note_untraceable(reason: str) -> None:
+    """Mark the call being traced (if any) as impossible to replay, with the reason."""
+    rec = active()
+    if rec is not None:
+        rec.untraceable(reason)
+
+
+def note_value(t, kind: str, value) -> None:
+    """Record a guard on a value read from `t` (if a trace is being recorded)."""
+    rec = active()
+    if rec is not None:
+        rec.guard(t, kind, value)

@@ -1,0 +1,3 @@
+"""The tracing JIT: hn.trace, hn.explain, hn.benchmark."""
+
+from .traced import TracedFunction, trace

@@ -1,0 +1,73 @@
+"""From a TraceGraph to an Executable: optimize, fuse, lower to Numba, compile.
+
+Compiled kernels are shared by structure: a graph that differs from an earlier
+one only in sizes reuses its size-generic kernel without compiling again.
+"""
+
+import time
+
+from compiler.lowering.numba_codegen import LoweringError, check_supported, lower
+from runtime.executor import Executable
+from runtime.numba_engine import compile_program
+
+_KERNELS = {}  # (structural key, backend) -> (CompiledKernel, Program)
+
+
+def _mathlib():
+    try:
+        from compiler.lowering import mathlib
+    except ImportError:
+        return {}
+    return {name: getattr(mathlib, name) for name in dir(mathlib)
+            if name.endswith(("_f32",)) and callable(getattr(mathlib, name))}
+
+
+def optimize(graph):
+    """Run the default pass pipeline (a report per pass)."""
+    try:
+        from compiler.passes.manager import optimize as run_passes
+    except ImportError:
+        return graph, []
+    return run_passes(graph)
+
+
+class CompileResult:
+    """The executable plus what explain() reports about how it was made."""
+
+    def __init__(self, executable, optimized, program, kernel, pass_report, reused, seconds):
+        self.executable = executable
+        self.optimized = optimized
+        self.program = program
+        self.kernel = kernel
+        self.pass_report = pass_report
+        self.reused = reused
+        self.seconds = seconds
+
+
+def compile_trace(tg, dynamic) -> CompileResult:
+    """Compile a TraceGraph; raises LoweringError when the backend cannot take it."""
+    start = time.perf_counter()
+    optimized, report = optimize(tg.graph)
+    check_supported(optimized)
+    generic_key = optimized.structural_hash(exact_shapes=False)
+    exact_key = optimized.structural_hash(exact_shapes=True)
+    cached = _KERNELS.get(generic_key) if dynamic is not False else None
+    if cached is not None and not cached[1].shape_generic:
+        cached = _KERNELS.get(exact_key)
+    reused = cached is not None
+    if cached is None:
+        program = lower(optimized, _mathlib())
+        kernel = compile_program(program)
+        key = generic_key if program.shape_generic else exact_key
+        _KERNELS[key] = (kernel, program)
+        _KERNELS.setdefault(generic_key, (kernel, program))
+    else:
+        kernel, program = cached
+    scalar_in = [i for i, n in enumerate(optimized.inputs) if not len(n.shape)]
+    scalar_out = [i for i, n in enumerate(optimized.outputs[:tg.n_results]) if not len(n.shape)]
+    exe = Executable(kernel, tg.n_results, tg.guards, tg.writebacks, scalar_in, scalar_out)
+    return CompileResult(exe, optimized, program, kernel, report, reused,
+                         time.perf_counter() - start)
+
+
+__all__ = ["compile_trace", "CompileResult", "LoweringError"]

@@ -1,0 +1,51 @@
+"""Flatten nested Python containers of tensors into (leaves, spec) and back."""
+
+from ..tensor import Tensor
+
+_STATIC = (int, float, bool, str, bytes, type(None))
+
+
+class Unsupported(TypeError):
+    """An argument or result the JIT cannot describe (the call runs eagerly)."""
+
+
+def flatten(obj, leaves=None):
+    """Tensors become leaves; containers and Python scalars become a hashable spec."""
+    leaves = [] if leaves is None else leaves
+    if isinstance(obj, Tensor):
+        leaves.append(obj)
+        return leaves, ("T",)
+    if isinstance(obj, _STATIC):
+        return leaves, ("S", type(obj).__name__, obj)
+    if isinstance(obj, (tuple, list)):
+        specs = tuple(flatten(item, leaves)[1] for item in obj)
+        kind = "list" if isinstance(obj, list) else type(obj)
+        return leaves, ("C", kind, specs)
+    if isinstance(obj, dict):
+        keys = tuple(obj.keys())
+        specs = tuple(flatten(obj[k], leaves)[1] for k in keys)
+        return leaves, ("D", keys, specs)
+    raise Unsupported(f"values of type {type(obj).__name__} cannot be traced")
+
+
+def unflatten(spec, leaves):
+    """Rebuild the structure described by `spec` from an iterator of leaves."""
+    it = iter(leaves)
+    return _build(spec, it)
+
+
+def _build(spec, it):
+    tag = spec[0]
+    if tag == "T":
+        return next(it)
+    if tag == "S":
+        return spec[2]
+    if tag == "C":
+        items = [_build(s, it) for s in spec[2]]
+        kind = spec[1]
+        if kind == "list":
+            return items
+        if kind is tuple:
+            return tuple(items)
+        return kind(items) if not hasattr(kind, "_fields") else kind(*items)
+    return {k: _build(s, it) for k, s in zip(spec[1], spec[2])}

@@ -1,0 +1,272 @@
+"""`hn.trace`: a tracing JIT over eager hybridnet code.
+
+A call is looked up by its static key (tensor shapes, dtypes and requires_grad
+flags, Python scalar values, container structure, grad mode, module state and
+the identity of tensors reached through closures and globals). A miss runs the
+function eagerly while recording it (that call returns the eager result), then
+compiles the recording. A hit runs the compiled kernel, checks the value guards
+it computed, and writes in-place updates back; when a guard fails the call takes
+a side exit and runs eagerly, and a path seen twice is compiled as well.
+"""
+
+import functools
+import os
+import time
+
+from .._state import STATE
+from ..capture import TraceRecorder
+from ..dispatch import node_of
+from ..nn.module import Module
+from ..tensor import Tensor
+from .build import Untraceable, build
+from .compile import LoweringError, compile_trace
+from .pytree import Unsupported, flatten, unflatten
+from .stats import Stats
+
+HOT_PATH_THRESHOLD = 2  # a side-exit path seen this often gets compiled
+
+
+class Trace:
+    """One compiled path of a specialization."""
+
+    def __init__(self, tg, result):
+        self.tg = tg
+        self.result = result
+        self.path = tuple(g[2] for g in tg.guards)
+
+
+class Specialization:
+    """Everything compiled (or refused) for one static key."""
+
+    def __init__(self, key):
+        self.key = key
+        self.traces = []
+        self.path_counts = {}
+        self.fallback = None  # reason this key runs eagerly
+        self.result_spec = None
+
+
+class TracedFunction:
+    """The callable `hn.trace` returns; see the module docstring.
+
+    Attributes: `stats` (live counters), `specializations` (per static key).
+    """
+
+    def __init__(self, fn, backend="numba", dynamic=None, cache_limit=8):
+        if backend != "numba":
+            raise ValueError(f"trace: unknown backend {backend!r}; available: 'numba'")
+        if cache_limit < 1:
+            raise ValueError(f"trace: cache_limit must be >= 1, got {cache_limit}")
+        self.fn = fn
+        self.module = fn if isinstance(fn, Module) else None
+        self.backend, self.dynamic, self.cache_limit = backend, dynamic, cache_limit
+        self.stats = Stats()
+        self.specializations = {}
+        self._backoff_until, self._backoff_step = 0, 1
+        self._env_names = _env_names(fn) if self.module is None else ()
+        functools.update_wrapper(self, fn if self.module is None else type(fn).forward,
+                                 updated=())
+
+    # -- keys -------------------------------------------------------------------------------
+
+    def _key(self, flat, spec):
+        metas = tuple((t._data.shape, t._data.dtype, t._rg) for t in flat)
+        key = (spec, metas, STATE.grad)
+        if self.module is not None:
+            return key + (_module_key(self.module),)
+        if self._env_names:
+            return key + (_env_key(self.fn, self._env_names),)
+        return key
+
+    # -- calling ---------------------------------------------------------------------------
+
+    def __call__(self, *args, **kwargs):
+        stats = self.stats
+        stats.calls += 1
+        if os.environ.get("HYBRIDNET_DISABLE_JIT") == "1":
+            return self._eager(args, kwargs)
+        try:
+            flat, spec = flatten((args, kwargs))
+        except Unsupported as exc:
+            return self._eager(args, kwargs, f"unsupported argument: {exc}")
+        if STATE.grad and any(t._rg for t in flat):
+            return self._eager(args, kwargs, "autograd not compiled yet: an input requires "
+                               "grad (call under hn.no_grad() to compile inference)")
+        key = self._key(flat, spec)
+        entry = self.specializations.get(key)
+        if entry is None:
+            return self._miss(key, flat, args, kwargs)
+        if entry.fallback is not None:
+            return self._eager(args, kwargs)
+        stats.hits += 1
+        return self._run_compiled(entry, flat, args, kwargs)
+
+    def _eager(self, args, kwargs, reason=None):
+        self.stats.eager_calls += 1
+        if reason is not None:
+            self.stats.fallbacks += 1
+            self.stats.event("fallback", reason)
+        return self.fn(*args, **kwargs)
+
+    def _miss(self, key, flat, args, kwargs):
+        stats = self.stats
+        stats.misses += 1
+        if len(self.specializations) >= self.cache_limit:
+            if stats.calls < self._backoff_until:
+                return self._eager(args, kwargs)
+            self._backoff_step *= 2
+            self._backoff_until = stats.calls + self._backoff_step
+            stats.event("cache_limit", f"{len(self.specializations)} specializations reached "
+                        f"cache_limit={self.cache_limit}; running eagerly, next probe at call "
+                        f"{self._backoff_until}")
+            self.specializations.pop(next(iter(self.specializations)))
+        entry = Specialization(key)
+        self.specializations[key] = entry
+        kind = "recompile" if len(self.specializations) > 1 else "compile"
+        stats.event(kind, _describe_key(flat))
+        return self._trace_and_compile(entry, flat, args, kwargs, first=True)
+
+    def _trace_and_compile(self, entry, flat, args, kwargs, first):
+        result, tg_or_reason = self._record(flat, args, kwargs)
+        if isinstance(tg_or_reason, str):
+            if first:
+                entry.fallback = tg_or_reason
+                self.stats.fallbacks += 1
+                self.stats.event("fallback", tg_or_reason)
+            self.stats.eager_calls += 1
+            return result
+        tg = tg_or_reason
+        path = tuple(g[2] for g in tg.guards)
+        count = entry.path_counts.get(path, 0) + 1
+        entry.path_counts[path] = count
+        if first or count >= HOT_PATH_THRESHOLD:
+            self._compile_into(entry, tg)
+        self.stats.eager_calls += 1
+        return result
+
+    def _record(self, flat, args, kwargs):
+        start = time.perf_counter()
+        self.stats.traces += 1
+        with TraceRecorder() as rec:
+            arg_nodes = [node_of(t) for t in flat]
+            result = self.fn(*args, **kwargs)
+            try:
+                leaves, spec = flatten(result)
+                tg = build(rec, flat, arg_nodes, leaves)
+                tg.result_spec = spec
+            except (Untraceable, Unsupported) as exc:
+                tg = str(exc)
+        self.stats.trace_seconds += time.perf_counter() - start
+        return result, tg
+
+    def _compile_into(self, entry, tg):
+        try:
+            res = compile_trace(tg, self.dynamic)
+        except LoweringError as exc:
+            entry.fallback = str(exc)
+            self.stats.fallbacks += 1
+            self.stats.event("fallback", str(exc))
+            return
+        if res.reused:
+            self.stats.kernel_reuses += 1
+            self.stats.event("kernel_reuse", "same graph structure: size-generic kernel reused")
+        else:
+            self.stats.compiles += 1
+        entry.traces.append(Trace(tg, res))
+
+    def _run_compiled(self, entry, flat, args, kwargs):
+        for trace in entry.traces:
+            arrays = _gather(trace.tg.sources, flat)
+            if arrays is None:
+                self.specializations.pop(entry.key, None)
+                return self._miss(entry.key, flat, args, kwargs)
+            first_call = not trace.result.kernel.compiled
+            outs = trace.result.executable.run(arrays)
+            if first_call:
+                self.stats.compile_seconds += trace.result.kernel.compile_seconds + \
+                    trace.result.seconds
+            if outs is not None:
+                self.stats.compiled_calls += 1
+                return _rebuild(trace.tg, outs, flat)
+        self.stats.side_exits += 1
+        self.stats.event("side_exit", "a value guard failed; this call runs eagerly")
+        return self._trace_and_compile(entry, flat, args, kwargs, first=False)
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        return functools.partial(self.__call__, obj)
+
+    def __repr__(self) -> str:
+        name = getattr(self.fn, "__name__", type(self.fn).__name__)
+        return f"<hn.trace {name}: {self.stats}>"
+
+
+def _gather(sources, flat):
+    arrays = []
+    for src in sources:
+        if src.kind == "arg":
+            arrays.append(flat[src.index]._data)
+            continue
+        t = src.ref()
+        if t is None or t._data.shape != src.shape or t._data.dtype != src.dtype:
+            return None
+        arrays.append(t._data)
+    return arrays
+
+
+def _rebuild(tg, outs, flat):
+    leaves = [Tensor._wrap(outs[k]) for _, k in tg.outputs]
+    return unflatten(tg.result_spec, leaves)
+
+
+def _describe_key(flat) -> str:
+    shapes = ", ".join(f"{t._data.dtype}{list(t._data.shape)}" for t in flat)
+    return f"new specialization for inputs ({shapes})"
+
+
+def _module_key(module):
+    mods = tuple((id(m), m.training) for m in module.modules())
+    params = tuple((id(p), p._data.shape, p._data.dtype, p._rg)
+                   for _, p in module.named_parameters())
+    bufs = tuple((id(b), b._data.shape, b._data.dtype) for _, b in module.named_buffers())
+    return (mods, params, bufs)
+
+
+def _env_names(fn):
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return ()
+    return tuple(n for n in code.co_names if n in getattr(fn, "__globals__", {}))
+
+
+def _env_key(fn, names):
+    """Identities of tensors/modules the function reaches by global name or closure."""
+    glb = fn.__globals__
+    parts = []
+    for name in names:
+        value = glb.get(name)
+        if isinstance(value, Tensor):
+            parts.append((name, id(value)))
+        elif isinstance(value, Module):
+            parts.append((name, _module_key(value)))
+    for cell in fn.__closure__ or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        if isinstance(value, Tensor):
+            parts.append(id(value))
+        elif isinstance(value, Module):
+            parts.append(_module_key(value))
+    return tuple(parts)
+
+
+def trace(fn=None, *, backend="numba", dynamic=None, cache_limit=8):
+    """Compile `fn` (a function of tensors, or an hn.nn.Module) with the tracing JIT.
+
+    Use as `@hn.trace`, `@hn.trace(cache_limit=4)` or `hn.trace(model)`.
+    """
+    if fn is None:
+        return lambda f: TracedFunction(f, backend, dynamic, cache_limit)
+    return TracedFunction(fn, backend, dynamic, cache_limit)

@@ -1,0 +1,55 @@
+"""Run a compiled trace: call the kernel, check value guards, write back updates.
+
+The runtime sees arrays only. A call returns `None` (a side exit) when a value
+guard computed inside the compiled code differs from the value seen while
+tracing; nothing has been written back then, so the caller may rerun eagerly.
+"""
+
+import numpy as np
+
+
+class Executable:
+    """One compiled specialization of a traced function."""
+
+    def __init__(self, kernel, n_outputs: int, guards, writebacks, scalar_inputs,
+                 scalar_outputs=()):
+        self.kernel = kernel
+        self.n_outputs = n_outputs  # user-visible outputs come first
+        self.guards = list(guards)  # (output index, kind, expected value)
+        self.writebacks = list(writebacks)  # (output index, target index in arrays)
+        self.scalar_inputs = tuple(scalar_inputs)  # positions of 0-d inputs
+        self.scalar_outputs = frozenset(scalar_outputs)  # positions of 0-d outputs
+        self.calls = 0
+        self.side_exits = 0
+
+    def prepare(self, arrays):
+        """0-d inputs travel as 1-element 1-d arrays (what the generated code indexes)."""
+        if not self.scalar_inputs:
+            return arrays
+        arrays = list(arrays)
+        for i in self.scalar_inputs:
+            arrays[i] = arrays[i].reshape(1)
+        return arrays
+
+    def run(self, arrays):
+        """The user-visible output arrays, or None on a side exit."""
+        self.calls += 1
+        outs = self.kernel(*self.prepare(arrays))
+        for index, kind, expected in self.guards:
+            if not _guard_holds(outs[index], kind, expected):
+                self.side_exits += 1
+                return None
+        for index, target in self.writebacks:
+            dest = arrays[target]
+            np.copyto(dest, outs[index].reshape(dest.shape))
+        scalars = self.scalar_outputs
+        return [o.reshape(()) if i in scalars else o for i, o in enumerate(outs[:self.n_outputs])]
+
+
+def _guard_holds(arr, kind, expected) -> bool:
+    value = arr.reshape(-1)[0].item()
+    if kind == "bool":
+        return bool(value) == expected
+    if isinstance(expected, float) and expected != expected:
+        return value != value
+    return value == expected
