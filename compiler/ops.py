@@ -103,6 +103,12 @@ def _sign(x):
     return np.sign(x) if x.dtype.kind != "b" else x.copy()
 
 
+def _power(a, b):
+    if np.result_type(a, b).kind == "b":  # NumPy would answer int8, a dtype we lack
+        raise TypeError("pow is not supported on bool inputs")
+    return np.power(a, b)
+
+
 def _cast(x, dtype):
     return x.astype(dtype)
 
@@ -120,9 +126,19 @@ def _unary(name, impl, vjp, saves, float_only=True, allow_bool=True, doc=""):
 
 _unary("neg", np.negative, (lambda e, g, x, o, a: e("neg", g),), _NONE,
        float_only=False, allow_bool=False, doc="-x")
-_unary("exp", np.exp, (lambda e, g, x, o, a: e("mul", g, o),), _OUT, doc="e**x")
-_unary("log", np.log, (lambda e, g, x, o, a: e("div", g, x[0]),), _IN, doc="natural log")
-_unary("sqrt", np.sqrt, (lambda e, g, x, o, a: e("div", g, e("mul", o, 2)),), _OUT)
+def _quiet(fn):
+    """fn under np.errstate(all='ignore'): log(0) = -inf, exp overflow = inf, silently,
+    as PyTorch (only for ops whose edge cases NumPy warns about)."""
+    def impl(*args):
+        with np.errstate(all="ignore"):
+            return fn(*args)
+    impl.__name__ = getattr(fn, "__name__", "impl")
+    return impl
+
+
+_unary("exp", _quiet(np.exp), (lambda e, g, x, o, a: e("mul", g, o),), _OUT, doc="e**x")
+_unary("log", _quiet(np.log), (lambda e, g, x, o, a: e("div", g, x[0]),), _IN, doc="natural log")
+_unary("sqrt", _quiet(np.sqrt), (lambda e, g, x, o, a: e("div", g, e("mul", o, 2)),), _OUT)
 _unary("sin", np.sin, (lambda e, g, x, o, a: e("mul", g, e("cos", x[0])),), _IN)
 _unary("cos", np.cos, (lambda e, g, x, o, a: e("neg", e("mul", g, e("sin", x[0]))),), _IN)
 _unary("tanh", np.tanh, (lambda e, g, x, o, a: e("mul", g, e("sub", 1, e("mul", o, o))),), _OUT)
@@ -142,6 +158,13 @@ def _binary(name, impl, vjp, saves, commutative=False, float_only=False, allow_b
         traits = traits | {Trait.COMMUTATIVE}
     register(OpDef(name, 2, impl, _binary_rule(name, None, float_only, allow_bool), vjp=vjp,
                    traits=traits, saves=saves, doc=doc))
+
+
+def _pow_base_grad(e, g, x, o, a):
+    base, expo = x
+    t = e("mul", expo, e("pow", base, e("sub", expo, 1)))
+    # As PyTorch: 0 where the exponent is 0 (not 0 * inf = nan at base 0).
+    return e("mul", g, e("where", e("eq", expo, 0), 0, t))
 
 
 def _pow_exponent_grad(e, g, x, o, a):
@@ -167,12 +190,10 @@ _binary("sub", np.subtract, (lambda e, g, x, o, a: g, lambda e, g, x, o, a: e("n
         _NONE, allow_bool=False)
 _binary("mul", np.multiply, (lambda e, g, x, o, a: e("mul", g, x[1]),
                              lambda e, g, x, o, a: e("mul", g, x[0])), _IN, commutative=True)
-_binary("div", np.true_divide, (lambda e, g, x, o, a: e("div", g, x[1]),
+_binary("div", _quiet(np.true_divide), (lambda e, g, x, o, a: e("div", g, x[1]),
                                 lambda e, g, x, o, a: e("neg", e("div", e("mul", g, o), x[1]))),
         _BOTH, float_only=True)
-_binary("pow", np.power, (
-    lambda e, g, x, o, a: e("mul", g, e("mul", x[1], e("pow", x[0], e("sub", x[1], 1)))),
-    _pow_exponent_grad), _BOTH, allow_bool=False)
+_binary("pow", _quiet(_power), (_pow_base_grad, _pow_exponent_grad), _BOTH, allow_bool=False)
 _binary("maximum", np.maximum, (_max_grad(True), _max_grad(False)), _IN, commutative=True)
 _binary("minimum", np.minimum, (_max_grad(False), _max_grad(True)), _IN, commutative=True)
 

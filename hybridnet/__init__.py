@@ -108,6 +108,7 @@ long = int64
 int = int32  # noqa: A001
 
 from . import nn, optim  # noqa: E402
+from .jit import BenchmarkResult, ExplainReport, TracedFunction, benchmark, explain, trace
 
 __version__ = "0.1.0"
 
@@ -117,7 +118,8 @@ __all__ = [
     "full_like", "rand", "randn", "randint", "arange", "linspace", "eye", "manual_seed",
     "float32", "float64", "int32", "int64", "bool", "no_grad", "enable_grad",
     "set_grad_enabled", "is_grad_enabled", "grad", "record", "graph_of", "save", "load_state",
-    "nn", "optim", "DType", "double", "long", "float", "int",
+    "nn", "optim", "trace", "explain", "benchmark", "TracedFunction", "ExplainReport",
+    "BenchmarkResult", "DType", "double", "long", "float", "int",
     "abs", "add", "amax", "amin", "argmax", "argmin", "clamp", "cos", "div", "erf", "exp",
     "gelu", "log", "log_softmax", "logsumexp", "matmul", "max", "maximum", "mean", "min",
     "minimum", "mm", "mul", "neg", "pow", "reciprocal", "relu", "rsqrt", "sigmoid", "sign",

@@ -130,7 +130,11 @@ def where(condition, input, other):
     cond = as_operand(condition, "where")
     if not isinstance(cond, Tensor) or cond._data.dtype.kind != "b":
         raise DTypeError(f"where: condition must be a bool tensor, got {_desc(cond)}")
-    a, b = promote("where", (as_operand(input, "where"), as_operand(other, "where")))
+    a, b = as_operand(input, "where"), as_operand(other, "where")
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        from .capture import literal
+        a = literal(np.asarray(a, dtype=cd.scalar_dtype(a)))  # two scalars, as PyTorch
+    a, b = promote("where", (a, b))
     return apply("where", (cond, a, b))
 
 
@@ -293,7 +297,7 @@ def _select_reduce(name, input, dim, keepdim, other):
         picked = where(hit, input, _identity(name, input))
         values = apply(name, (picked,), {"dims": (d,), "keepdim": bool(keepdim)})
     else:
-        values = input
+        values = apply(name, (input,), {"dims": (), "keepdim": False})  # a new tensor, not input
     if not keepdim and input.ndim:
         idx = idx.squeeze(d)
     return MaxResult((values, idx))
@@ -313,7 +317,8 @@ def arange_like(t, dim) -> Tensor:
     """int64 positions along `dim`, shaped to broadcast against t."""
     shape = [1] * t.ndim
     shape[dim] = t.shape[dim]
-    return Tensor._wrap(np.arange(t.shape[dim], dtype=np.int64).reshape(shape))
+    from .capture import literal
+    return literal(np.arange(t.shape[dim], dtype=np.int64).reshape(shape))
 
 
 def max(input, dim=None, keepdim=False, *, other=None):  # noqa: A001
@@ -334,7 +339,7 @@ def logsumexp(input, dim=None, keepdim=False):
     """log(sum(exp(input))) over dim, stable for large values and all -inf rows."""
     _need_float("logsumexp", input)
     dims = normalize_dims("logsumexp", input, dim)
-    m = amax(input.detach(), dims, keepdim=True)
+    m = _shift(input, dims)
     m = where(abs(m) < math.inf, m, 0.0)  # an inf max would make inf - inf = nan
     total = apply("sum", (exp(input - m),), {"dims": dims, "keepdim": True})
     out = log(total) + m
@@ -344,15 +349,26 @@ def logsumexp(input, dim=None, keepdim=False):
 def softmax(input, dim=None, dtype=None):
     """exp(x - max) / sum(exp(x - max)) along dim (one dim, as PyTorch)."""
     x = _softmax_input("softmax", input, dim, dtype)
-    d = _one_dim("softmax", x, dim)
-    e = exp(x - amax(x.detach(), d, keepdim=True))
-    return e / apply("sum", (e,), {"dims": (d,), "keepdim": True})
+    dims = normalize_dims("softmax", x, _one_dim("softmax", x, dim))  # () for a 0-d x
+    e = exp(x - _shift(x, dims))
+    return e / apply("sum", (e,), {"dims": dims, "keepdim": True})
+
+
+def _shift(x, dims):
+    """The detached max over dims (keepdim), or 0 when a reduced dim has size 0."""
+    if _count(x, dims) == 0:
+        from .capture import literal
+        return literal(np.zeros((), x._data.dtype))
+    return amax(x.detach(), dims, keepdim=True)
 
 
 def log_softmax(input, dim=None, dtype=None):
-    """x - logsumexp(x) along dim."""
+    """(x - max) - log(sum(exp(x - max))) along dim (accurate for large |x|, as PyTorch)."""
     x = _softmax_input("log_softmax", input, dim, dtype)
-    return x - logsumexp(x, _one_dim("log_softmax", x, dim), keepdim=True)
+    dims = normalize_dims("log_softmax", x, _one_dim("log_softmax", x, dim))
+    m = _shift(x, dims)
+    shifted = x - where(abs(m) < math.inf, m, 0.0)  # an inf max would make inf - inf = nan
+    return shifted - log(apply("sum", (exp(shifted),), {"dims": dims, "keepdim": True}))
 
 
 def _softmax_input(op, input, dim, dtype):

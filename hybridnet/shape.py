@@ -168,6 +168,8 @@ def _slice_dim(input, d, start, stop) -> Tensor:
 
 def split(input, split_size_or_sections, dim=0):
     """Split into chunks of a given size, or of the given list of sizes."""
+    if input.ndim == 0:
+        raise ShapeError("split: expected a tensor with at least 1 dim, got a 0-d tensor")
     d = _dim("split", input, dim)
     size = input.shape[d]
     if isinstance(split_size_or_sections, int):
@@ -191,6 +193,8 @@ def chunk(input, chunks, dim=0):
     """Split into `chunks` pieces of equal size (the last may be smaller)."""
     if chunks <= 0:
         raise ValueError(f"chunk: chunks must be positive, got {chunks}")
+    if input.ndim == 0:
+        raise ShapeError("chunk: expected a tensor with at least 1 dim, got a 0-d tensor")
     size = input.shape[_dim("chunk", input, dim)]
     step = -(-size // chunks) if size else 1
     return split(input, step, dim)

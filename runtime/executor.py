@@ -21,6 +21,9 @@ class Executable:
         self.scalar_outputs = frozenset(scalar_outputs)  # positions of 0-d outputs
         self.calls = 0
         self.side_exits = 0
+        # No guards, write-backs or 0-d values: the kernel's tuple is the answer.
+        self.plain = not (self.guards or self.writebacks or self.scalar_inputs or
+                          self.scalar_outputs)
 
     def prepare(self, arrays):
         """0-d inputs travel as 1-element 1-d arrays (what the generated code indexes)."""
@@ -34,6 +37,8 @@ class Executable:
     def run(self, arrays):
         """The user-visible output arrays, or None on a side exit."""
         self.calls += 1
+        if self.plain and self.kernel.compiled:
+            return self.kernel.fn(*arrays)
         outs = self.kernel(*self.prepare(arrays))
         for index, kind, expected in self.guards:
             if not _guard_holds(outs[index], kind, expected):

@@ -29,10 +29,56 @@ HOT_PATH_THRESHOLD = 2  # a side-exit path seen this often gets compiled
 class Trace:
     """One compiled path of a specialization."""
 
-    def __init__(self, tg, result):
+    def __init__(self, tg, result, stats):
         self.tg = tg
         self.result = result
         self.path = tuple(g[2] for g in tg.guards)
+        self.run = _make_runner(tg, result, stats)
+
+
+def _make_runner(tg, result, stats):
+    """A closure running this trace on the flat tensor args: result, or None (side exit)."""
+    exe, kernel = result.executable, result.kernel
+    sources, spec = tg.sources, tg.result_spec
+    simple_args = all(s.kind == "arg" for s in sources)
+    arg_index = [s.index for s in sources]
+    single = spec[0] == "T"
+    wrap = Tensor._wrap
+
+    def run(flat):
+        if simple_args:
+            arrays = [flat[i]._data for i in arg_index]
+        else:
+            arrays = _gather(sources, flat)
+            if arrays is None:
+                return _STALE
+        if not kernel.compiled:
+            outs = exe.run(arrays)
+            stats.compile_seconds += kernel.compile_seconds + result.seconds
+        else:
+            outs = exe.run(arrays)
+        if outs is None:
+            return None
+        stats.compiled_calls += 1
+        if single:
+            return wrap(outs[0])
+        return unflatten(spec, [wrap(outs[k]) for _, k in tg.outputs])
+    return run
+
+
+_STALE = object()
+try:
+    _ENV = os.environ._data  # the encoded dict behind os.environ (POSIX): a cheap lookup
+    _DISABLE_KEY = os.environ.encodekey("HYBRIDNET_DISABLE_JIT")
+except AttributeError:  # pragma: no cover
+    _ENV, _DISABLE_KEY = None, None
+
+
+def jit_disabled() -> bool:
+    """True when HYBRIDNET_DISABLE_JIT=1 (read at every call)."""
+    if _ENV is not None:
+        return _ENV.get(_DISABLE_KEY) in (b"1", "1")
+    return os.environ.get("HYBRIDNET_DISABLE_JIT") == "1"
 
 
 class Specialization:
@@ -64,6 +110,8 @@ class TracedFunction:
         self.specializations = {}
         self._backoff_until, self._backoff_step = 0, 1
         self._env_names = _env_names(fn) if self.module is None else ()
+        self._fast = {}  # (metas, grad) -> Specialization, for calls with only tensor args
+        self._plain = self.module is None and not self._env_names
         functools.update_wrapper(self, fn if self.module is None else type(fn).forward,
                                  updated=())
 
@@ -83,8 +131,17 @@ class TracedFunction:
     def __call__(self, *args, **kwargs):
         stats = self.stats
         stats.calls += 1
-        if os.environ.get("HYBRIDNET_DISABLE_JIT") == "1":
+        if jit_disabled():
             return self._eager(args, kwargs)
+        if self._plain and not kwargs:
+            try:
+                metas = tuple([(a._data.shape, a._data.dtype, a._rg) for a in args])
+            except AttributeError:
+                metas = None
+            entry = self._fast.get((metas, STATE.grad)) if metas is not None else None
+            if entry is not None and entry.traces:
+                stats.hits += 1
+                return self._run_compiled(entry, args, args, kwargs)
         try:
             flat, spec = flatten((args, kwargs))
         except Unsupported as exc:
@@ -122,6 +179,9 @@ class TracedFunction:
             self.specializations.pop(next(iter(self.specializations)))
         entry = Specialization(key)
         self.specializations[key] = entry
+        if self._plain and not kwargs and len(flat) == len(args) and \
+                all(a is t for a, t in zip(args, flat)):
+            self._fast[(key[1], key[2])] = entry
         kind = "recompile" if len(self.specializations) > 1 else "compile"
         stats.event(kind, _describe_key(flat))
         return self._trace_and_compile(entry, flat, args, kwargs, first=True)
@@ -172,25 +232,25 @@ class TracedFunction:
             self.stats.event("kernel_reuse", "same graph structure: size-generic kernel reused")
         else:
             self.stats.compiles += 1
-        entry.traces.append(Trace(tg, res))
+        entry.traces.append(Trace(tg, res, self.stats))
 
     def _run_compiled(self, entry, flat, args, kwargs):
         for trace in entry.traces:
-            arrays = _gather(trace.tg.sources, flat)
-            if arrays is None:
-                self.specializations.pop(entry.key, None)
-                return self._miss(entry.key, flat, args, kwargs)
-            first_call = not trace.result.kernel.compiled
-            outs = trace.result.executable.run(arrays)
-            if first_call:
-                self.stats.compile_seconds += trace.result.kernel.compile_seconds + \
-                    trace.result.seconds
-            if outs is not None:
-                self.stats.compiled_calls += 1
-                return _rebuild(trace.tg, outs, flat)
+            out = trace.run(flat)
+            if out is _STALE:
+                self._forget(entry)
+                return self._miss(entry.key, list(flat), args, kwargs)
+            if out is not None:
+                return out
         self.stats.side_exits += 1
         self.stats.event("side_exit", "a value guard failed; this call runs eagerly")
         return self._trace_and_compile(entry, flat, args, kwargs, first=False)
+
+    def _forget(self, entry):
+        self.specializations.pop(entry.key, None)
+        for k, v in list(self._fast.items()):
+            if v is entry:
+                del self._fast[k]
 
     def __get__(self, obj, objtype=None):
         if obj is None:
@@ -213,11 +273,6 @@ def _gather(sources, flat):
             return None
         arrays.append(t._data)
     return arrays
-
-
-def _rebuild(tg, outs, flat):
-    leaves = [Tensor._wrap(outs[k]) for _, k in tg.outputs]
-    return unflatten(tg.result_spec, leaves)
 
 
 def _describe_key(flat) -> str:

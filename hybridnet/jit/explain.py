@@ -1,0 +1,86 @@
+"""`hn.explain(fn, *args)`: what the JIT captured, guarded, fused, compiled or refused."""
+
+from compiler.passes.fusion import describe as describe_units
+
+from .traced import TracedFunction, trace
+
+
+class ExplainReport:
+    """Printable report; `.to_dict()` gives the same content as plain data."""
+
+    def __init__(self, traced: TracedFunction):
+        self.name = getattr(traced.fn, "__name__", type(traced.fn).__name__)
+        self.stats = traced.stats.to_dict()
+        self.specializations = [_spec_dict(s) for s in traced.specializations.values()]
+
+    def to_dict(self) -> dict:
+        """Plain data (graphs as text)."""
+        return {"function": self.name, "stats": self.stats,
+                "specializations": self.specializations}
+
+    def __str__(self) -> str:
+        lines = [f"== hn.explain: {self.name} =="]
+        s = self.stats
+        lines.append(f"calls {s['calls']}: compiled {s['compiled_calls']}, eager "
+                     f"{s['eager_calls']}; cache hits {s['hits']}, misses {s['misses']}, "
+                     f"side exits {s['side_exits']}; compiles {s['compiles']}, kernel reuses "
+                     f"{s['kernel_reuses']}; compile time {s['compile_seconds']:.3f}s, "
+                     f"trace time {s['trace_seconds']:.3f}s")
+        for i, spec in enumerate(self.specializations):
+            lines.append(f"\n-- specialization {i}: {spec['inputs']}")
+            if spec["fallback"]:
+                lines.append(f"   runs eagerly: {spec['fallback']}")
+            for j, tr in enumerate(spec["traces"]):
+                lines.extend(_trace_lines(j, tr))
+        if s["events"]:
+            lines.append("\n-- events")
+            for ev in s["events"]:
+                lines.append(f"   call {ev['call']}: {ev['kind']}: {ev['detail']}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _trace_lines(j, tr):
+    lines = [f"   trace {j}: {len(tr['guards'])} value guards, compiled in "
+             f"{tr['compile_seconds']:.3f}s{' (kernel reused)' if tr['reused'] else ''}"]
+    for g in tr["guards"]:
+        lines.append(f"     guard: {g}")
+    lines.append("     captured graph:")
+    lines.extend("       " + ln for ln in tr["graph"].splitlines())
+    lines.append("     optimized graph:")
+    lines.extend("       " + ln for ln in tr["optimized"].splitlines())
+    lines.append("     passes: " + ", ".join(f"{p['name']} {p['seconds'] * 1e3:.2f}ms"
+                                              for p in tr["passes"]))
+    lines.append("     fused kernels:")
+    lines.extend("       " + ln for ln in tr["kernels"])
+    return lines
+
+
+def _spec_dict(spec) -> dict:
+    metas = spec.key[1] if isinstance(spec.key, tuple) and len(spec.key) > 1 else ()
+    inputs = ", ".join(f"{dt}{list(shape)}{' requires_grad' if rg else ''}"
+                       for shape, dt, rg in metas)
+    return {"inputs": f"({inputs})", "fallback": spec.fallback,
+            "traces": [_trace_dict(t) for t in spec.traces]}
+
+
+def _trace_dict(tr) -> dict:
+    res = tr.result
+    guards = [f"{kind}(output {k}) == {value!r}" for k, kind, value in tr.tg.guards]
+    return {
+        "graph": str(tr.tg.graph), "optimized": str(res.optimized), "guards": guards,
+        "passes": [{k: p[k] for k in ("name", "seconds", "changed")} for p in res.pass_report],
+        "kernels": describe_units(res.program.units), "source": res.kernel.source,
+        "compile_seconds": res.seconds + res.kernel.compile_seconds, "reused": res.reused,
+        "writebacks": len(tr.tg.writebacks),
+    }
+
+
+def explain(fn, *args, **kwargs) -> ExplainReport:
+    """Trace and compile `fn` on `args` (running it twice), then report what happened."""
+    traced = fn if isinstance(fn, TracedFunction) else trace(fn)
+    traced(*args, **kwargs)
+    traced(*args, **kwargs)
+    return ExplainReport(traced)

@@ -1,0 +1,157 @@
+"""The op registry is complete and self-consistent, every primitive has a test case, and
+the layering rule holds (`compiler` and `runtime` never import `hybridnet`)."""
+
+import ast
+import inspect
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from test_primitives import CASES, GRAD_CASES
+
+from compiler.errors import DTypeError, OpError
+from compiler.ops import REGISTRY, Trait
+from compiler.registry import OpDef, get, register
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OPS = sorted(REGISTRY)
+KNOWN_TRAITS = {v for k, v in vars(Trait).items() if k.isupper()}
+SOURCES = {n for n, d in REGISTRY.items() if d.has(Trait.SOURCE)}
+COMPARISONS = {n for n, d in REGISTRY.items() if d.has(Trait.COMPARISON)}
+# The only primitives allowed to have no gradient at all, besides comparisons and sources
+# (detach stops gradients by definition).
+NOT_DIFFERENTIABLE = {"argmax", "argmin", "detach"} | COMPARISONS | SOURCES
+
+
+def _params(fn) -> set:
+    return set(inspect.signature(fn).parameters)
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_primitive_is_fully_declared(name):
+    op = REGISTRY[name]
+    assert isinstance(op, OpDef) and op.name == name
+    assert callable(op.impl) and callable(op.infer)
+    assert op.doc.strip() or op.name.strip()
+    assert op.traits and set(op.traits) <= KNOWN_TRAITS, op.traits
+    assert set(op.saves) <= {"in", "out"}
+    assert isinstance(op.attrs, tuple) and all(isinstance(a, str) for a in op.attrs)
+    # the shape rule and impl take exactly the declared attributes by name
+    assert set(op.attrs) <= _params(op.infer)
+    if name != "input":
+        assert set(op.attrs) <= _params(op.impl) or any(
+            p.kind == p.VAR_KEYWORD for p in inspect.signature(op.impl).parameters.values())
+    assert op.arity >= -1
+    if op.has(Trait.SOURCE):
+        assert op.arity == 0
+    if name in NOT_DIFFERENTIABLE:
+        assert op.vjp is None and not op.differentiable
+    elif op.arity == -1:
+        assert callable(op.vjp), "a variadic op's vjp is one callable returning a tuple"
+    else:
+        assert isinstance(op.vjp, tuple) and len(op.vjp) == op.arity, op.vjp
+        assert all(r is None or callable(r) for r in op.vjp)
+        assert any(r is not None for r in op.vjp)
+
+
+def test_the_non_differentiable_primitives_are_exactly_the_expected_ones():
+    assert {n for n, d in REGISTRY.items() if d.vjp is None} == NOT_DIFFERENTIABLE
+    assert COMPARISONS == {"lt", "le", "gt", "ge", "eq", "ne"}
+
+
+def test_every_primitive_has_a_test_case():
+    missing = set(REGISTRY) - SOURCES - {c.op for c in CASES}
+    assert not missing, f"primitives without a case in test_primitives.CASES: {missing}"
+    unknown = {c.op for c in CASES} - set(REGISTRY)
+    assert not unknown
+
+
+def test_every_differentiable_primitive_has_a_gradient_case():
+    differentiable = {n for n, d in REGISTRY.items() if d.differentiable}
+    missing = differentiable - {c.op for c in GRAD_CASES}
+    assert not missing, f"no finite-difference case for {missing}"
+
+
+def test_every_elementwise_primitive_has_a_0d_and_a_size0_case():
+    for name, op in REGISTRY.items():
+        if op.has(Trait.ELEMENTWISE) and name != "cast":
+            names = {c.name for c in CASES if c.op == name}
+            assert "0d" in names and "size0" in names, name
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_traits_describe_behaviour(name):
+    """Probe each rule with the trait's promise (passes query traits, never names)."""
+    op = REGISTRY[name]
+    if op.has(Trait.FLOAT_ONLY):
+        shapes = [(2,)] * op.arity
+        with pytest.raises(DTypeError, match=name):
+            op.check(shapes, [np.dtype(np.int64)] * op.arity, {})
+        assert op.check(shapes, [np.dtype(np.float32)] * op.arity, {}) == (
+            (2,), np.dtype(np.float32))
+    if op.has(Trait.COMPARISON):
+        assert op.check([(3, 1), (4,)], [np.dtype(np.float32)] * 2, {}) == (
+            (3, 4), np.dtype(np.bool_))
+    if op.has(Trait.REDUCTION):
+        assert {"dims", "dim"} & set(op.attrs) and "keepdim" in op.attrs
+    if op.has(Trait.ELEMENTWISE) and op.arity == 2:
+        dt = np.dtype(np.float32)
+        assert op.check([(2, 1, 3), (4, 1)], [dt, dt], {})[0] == (2, 4, 3)
+        with pytest.raises(OpError, match=name):
+            op.check([(2,), (3,)], [dt, dt], {})
+    if op.arity >= 0:
+        with pytest.raises(OpError, match=name):
+            op.check([(1,)] * (op.arity + 1), [np.dtype(np.float32)] * (op.arity + 1), {})
+
+
+def test_registry_lookup_and_duplicates_raise_clear_errors():
+    with pytest.raises(OpError, match="unknown op 'no_such_op'"):
+        get("no_such_op")
+    assert get("add") is REGISTRY["add"]
+    with pytest.raises(ValueError, match="registered twice"):
+        register(REGISTRY["add"])
+
+
+# ---- layering --------------------------------------------------------------------------
+
+
+def _python_files(package):
+    for dirpath, _dirs, files in os.walk(os.path.join(ROOT, package)):
+        for f in files:
+            if f.endswith(".py"):
+                yield os.path.join(dirpath, f)
+
+
+def _imported_roots(path):
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module.split(".")[0]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(
+                node.func, "id", None)) in ("import_module", "__import__") and node.args
+              and isinstance(node.args[0], ast.Constant)):
+            yield str(node.args[0].value).split(".")[0]
+
+
+@pytest.mark.parametrize("package,forbidden", [("compiler", {"hybridnet", "runtime"}),
+                                               ("runtime", {"hybridnet"})])
+def test_lower_layers_never_import_upper_ones(package, forbidden):
+    files = list(_python_files(package))
+    assert files
+    bad = {(os.path.relpath(f, ROOT), m) for f in files for m in _imported_roots(f)
+           if m in forbidden}
+    assert not bad, f"layering violated: {sorted(bad)}"
+
+
+def test_importing_compiler_and_runtime_does_not_load_hybridnet():
+    code = ("import compiler.ops, compiler.ir, compiler.interpret, compiler.autodiff, runtime; "
+            "import sys; assert not any(m.startswith('hybridnet') for m in sys.modules)")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
