@@ -42,6 +42,10 @@ def _cases(n):
     return cases
 
 
+def _bind(op, a, b):
+    return lambda: op(a, b)
+
+
 def _torch():
     try:
         import torch
@@ -58,11 +62,11 @@ def run(sizes, repeat, number):
             a_np, b_np = arrays
             a_hn, b_hn = hn.tensor(a_np), hn.tensor(b_np)
             row = {"op": name, "n": n,
-                   "numpy": _per_call_us(lambda: op(a_np, b_np), repeat, number),
-                   "hybridnet": _per_call_us(lambda: op(a_hn, b_hn), repeat, number)}
+                   "numpy": _per_call_us(_bind(op, a_np, b_np), repeat, number),
+                   "hybridnet": _per_call_us(_bind(op, a_hn, b_hn), repeat, number)}
             if torch is not None:
                 a_t, b_t = torch.from_numpy(a_np), torch.from_numpy(b_np)
-                row["torch"] = _per_call_us(lambda: op(a_t, b_t), repeat, number)
+                row["torch"] = _per_call_us(_bind(op, a_t, b_t), repeat, number)
             rows.append(row)
     return rows, torch
 
