@@ -1,0 +1,158 @@
+"""Algebraic simplification: rewrite rules that never change a node's shape or dtype.
+
+Each rule looks at one node and returns what should replace it: one of its
+operands (only when that operand has exactly the node's shape and dtype) or a new
+node of the same type. Rules are stated as small tables of algebraic facts about
+ops (identity elements, involutions, ops that compose); commutativity comes from
+the COMMUTATIVE trait and reductions from the REDUCTION trait. Values that could
+change are never touched: `x * 0` (nan, inf) and `x - x` (nan) stay as they are.
+"""
+
+import numpy as np
+
+from ..ir import Graph, Node
+from ..registry import REGISTRY, Trait
+
+# op -> v such that op(x, v) == x; for COMMUTATIVE ops op(v, x) == x as well.
+# (x + 0 turns -0.0 into 0.0; like every compiler we treat the zero's sign as free here.)
+RIGHT_IDENTITY = {"add": 0, "sub": 0, "mul": 1, "div": 1, "pow": 1}
+
+# Unary ops with f(f(x)) == x.
+INVOLUTIONS = frozenset({"neg"})
+
+# Ops with a 'shape' attr where op(op(x, s1), s2) == op(x, s2).
+COMPOSING = frozenset({"reshape", "expand"})
+
+# Ops that compute exactly their operand whenever the result has the operand's shape
+# and dtype: reshape/expand to the same shape, cast to the same dtype, and slice or
+# pad_slice covering everything (in range with step > 0, a slice keeps a dim's size
+# only by taking all of it). Not 'detach': it matters to autodiff.
+NOOP_WHEN_SAME_TYPE = frozenset({"reshape", "expand", "cast", "slice", "pad_slice"})
+
+
+def same_type(a: Node, b: Node) -> bool:
+    """True when `a` and `b` have exactly the same shape and dtype."""
+    return tuple(a.shape) == tuple(b.shape) and a.dtype == b.dtype
+
+
+def is_const(node: Node, value) -> bool:
+    """True for a 'const' whose value (every element, as its dtype) equals `value`."""
+    if node.op != "const":
+        return False
+    arr = REGISTRY["const"].impl(**node.attrs)
+    return arr.dtype.kind != "O" and bool(np.all(arr == value))
+
+
+def _operand_if_same_type(node: Node, operand: Node) -> Node | None:
+    return operand if same_type(operand, node) else None
+
+
+def _rebuild(node: Node, source: Node, **attrs) -> Node:
+    """`node`'s op applied to `source` instead, with `attrs` updated (same type)."""
+    return Node(node.op, (source,), {**node.attrs, **attrs}, tuple(node.shape), node.dtype,
+                node.requires_grad)
+
+
+# ---- rules: node -> replacement (an operand or a new node) or None -------------------
+
+
+def identity_element(node: Node) -> Node | None:
+    """x + 0, x - 0, x * 1, x / 1, x ** 1 -> x; also 0 + x, 1 * x (commutative ops)."""
+    if node.op not in RIGHT_IDENTITY:
+        return None
+    unit = RIGHT_IDENTITY[node.op]
+    a, b = node.inputs
+    if is_const(b, unit) and same_type(a, node):
+        return a
+    if REGISTRY[node.op].has(Trait.COMMUTATIVE) and is_const(a, unit):
+        return _operand_if_same_type(node, b)
+    return None
+
+
+def involution(node: Node) -> Node | None:
+    """neg(neg(x)) -> x."""
+    if node.op in INVOLUTIONS and node.inputs[0].op == node.op:
+        return _operand_if_same_type(node, node.inputs[0].inputs[0])
+    return None
+
+
+def permute_chain(node: Node) -> Node | None:
+    """permute(permute(x, p), q) -> permute(x, p[q]); permute(x, identity) -> x."""
+    if node.op != "permute":
+        return None
+    (x,), dims = node.inputs, tuple(node.attrs["dims"])
+    if x.op == "permute":
+        inner = tuple(x.attrs["dims"])
+        return _rebuild(node, x.inputs[0], dims=tuple(inner[d] for d in dims))
+    if dims == tuple(range(len(dims))):
+        return _operand_if_same_type(node, x)
+    return None
+
+
+def shape_chain(node: Node) -> Node | None:
+    """reshape(reshape(x)) -> reshape(x); expand(expand(x)) -> expand(x)."""
+    if node.op in COMPOSING and node.inputs[0].op == node.op:
+        return _rebuild(node, node.inputs[0].inputs[0])
+    return None
+
+
+def noop(node: Node) -> Node | None:
+    """reshape/expand to x's shape, cast to x's dtype, a slice of everything -> x."""
+    if node.op in NOOP_WHEN_SAME_TYPE:
+        return _operand_if_same_type(node, node.inputs[0])
+    return None
+
+
+def empty_reduction(node: Node) -> Node | None:
+    """A reduction over dims=() -> x."""
+    if REGISTRY[node.op].has(Trait.REDUCTION) and len(node.attrs.get("dims", "?")) == 0:
+        return _operand_if_same_type(node, node.inputs[0])
+    return None
+
+
+RULES = (identity_element, involution, permute_chain, shape_chain, noop, empty_reduction)
+
+
+def rewrite(node: Node) -> Node | None:
+    """The first rule's replacement for `node`, or None when no rule applies."""
+    if REGISTRY[node.op].has(Trait.SOURCE):
+        return None
+    for rule in RULES:
+        new = rule(node)
+        if new is not None:
+            return new
+    return None
+
+
+class AlgebraicSimplification:
+    """Apply `RULES` to every node, in execution order, until none applies.
+
+    A node replaced by one of its operands is removed (its users and the outputs
+    use the operand); a node rebuilt (a composed permute, say) takes its place.
+    Operands left unused are for dead code elimination.
+
+    >>> graph, changed = AlgebraicSimplification().run(g)   # doctest: +SKIP
+    """
+
+    name = "simplify"
+
+    def run(self, graph: Graph) -> tuple:
+        """Simplify in place; returns `(graph, changed)`."""
+        replaced, kept, defined = {}, [], set()
+        for node in graph.nodes:
+            if replaced:
+                node.inputs = tuple(replaced.get(id(i), i) for i in node.inputs)
+            current = node
+            while id(current) not in defined:  # stop at a node defined earlier
+                new = rewrite(current)
+                if new is None:
+                    kept.append(current)
+                    defined.add(id(current))
+                    break
+                current = new
+            if current is not node:
+                replaced[id(node)] = current
+        if replaced:
+            graph.nodes = kept
+            graph.outputs = [replaced.get(id(o), o) for o in graph.outputs]
+        return graph, bool(replaced)
