@@ -49,6 +49,14 @@ def _cat(em, node, *xs):
     em.emit(f"{em.ctx.var(node)} = np.concatenate(({', '.join(xs)},), axis={node.attrs['dim']})")
 
 
+def _blas_operand(em, node, expr) -> str:
+    """A contiguous operand for np.dot; a transposed matrix (x @ W.T) is passed as the
+    F-ordered view of its C-ordered source, so BLAS transposes instead of copying."""
+    if node.op == "permute" and tuple(node.attrs["dims"]) == (1, 0):
+        return f"np.ascontiguousarray({em.array_of(node.inputs[0])}).T"
+    return f"np.ascontiguousarray({expr})"
+
+
 def _matmul(em, node, a, b):
     from .numba_codegen import LoweringError
     if node.dtype.kind != "f":
@@ -56,7 +64,8 @@ def _matmul(em, node, a, b):
     em.ctx.uses_blas = True
     v = em.ctx.var(node)
     if len(node.shape) == 2:
-        em.emit(f"{v} = np.dot(np.ascontiguousarray({a}), np.ascontiguousarray({b}))")
+        em.emit(f"{v} = np.dot({_blas_operand(em, node.inputs[0], a)}, "
+                f"{_blas_operand(em, node.inputs[1], b)})")
         return
     _static(em)
     ra, rb = (len(i.shape) for i in node.inputs)
