@@ -246,6 +246,24 @@ class TracedFunction:
         self.stats.event("side_exit", "a value guard failed; this call runs eagerly")
         return self._trace_and_compile(entry, flat, args, kwargs, first=False)
 
+    # -- inspection ---------------------------------------------------------------------
+
+    def _latest_kernel(self):
+        for entry in reversed(list(self.specializations.values())):
+            if entry.traces:
+                return entry.traces[-1].result.kernel
+        raise RuntimeError("nothing compiled yet: call the traced function (twice) first")
+
+    @property
+    def source(self) -> str:
+        """Generated Python/Numba source of the most recent compiled specialization."""
+        return self._latest_kernel().source
+
+    @property
+    def llvm_ir(self) -> str:
+        """LLVM IR of the most recent compiled specialization (after its first run)."""
+        return self._latest_kernel().llvm_ir
+
     def _forget(self, entry):
         self.specializations.pop(entry.key, None)
         for k, v in list(self._fast.items()):

@@ -1,0 +1,76 @@
+"""Fusion and lowering structure: what becomes one kernel, and inspectable output."""
+
+import linecache
+
+import numpy as np
+
+import hybridnet as hn
+from compiler.lowering.numba_codegen import lower
+from compiler.passes import optimize
+from compiler.passes.fusion import LoopGroup, NodeUnit, describe, partition
+
+
+def _graph(fn, *arrays):
+    with hn.record() as rec:
+        fn(*[hn.tensor(a) for a in arrays])
+    graph, _ = optimize(rec.graph)
+    return graph
+
+
+def _groups(units):
+    return [u for u in units if isinstance(u, LoopGroup)]
+
+
+def test_chain_of_eight_elementwise_ops_is_one_kernel():
+    def chain(x):
+        return ((((x * 2.0 + 1.0).exp() - 3.0).tanh() * x) / 4.0).abs().sqrt()
+    units = partition(_graph(chain, np.ones(16, np.float32)))
+    assert len(units) == 1 and isinstance(units[0], LoopGroup)
+    assert len([n for n in units[0].nodes]) >= 8
+
+
+def test_softmax_is_one_kernel_with_three_phases():
+    units = partition(_graph(lambda x: hn.softmax(x, 1), np.ones((4, 5), np.float32)))
+    (group,) = units
+    assert isinstance(group, LoopGroup) and group.inner == 1
+    assert {"max", "exp", "sum", "div"} <= {n.op for n in group.nodes}
+    assert len(set(group.phase.values())) == 3
+
+
+def test_layer_norm_and_log_softmax_fuse_per_row():
+    def ln(x):
+        return hn.nn.functional.layer_norm(x, (5,))
+    for fn in (ln, lambda x: hn.log_softmax(x, -1)):
+        units = partition(_graph(fn, np.ones((4, 5), np.float32)))
+        assert len(_groups(units)) == 1, describe(units)
+
+
+def test_matmul_is_its_own_unit_and_bias_relu_fuse_after_it():
+    units = partition(_graph(lambda x, w, b: (x @ w + b).relu(),
+                             np.ones((4, 3), np.float32), np.ones((3, 2), np.float32),
+                             np.ones(2, np.float32)))
+    assert isinstance(units[0], NodeUnit) and units[0].node.op == "matmul"
+    assert len(units) == 2 and {"add", "where"} <= {n.op for n in units[1].nodes}
+
+
+def test_reduction_over_leading_dim_uses_a_buffer():
+    units = partition(_graph(lambda x: (x * 2.0).sum(0), np.ones((4, 5), np.float32)))
+    (group,) = units
+    assert group.buffer_reductions and group.inner == 0
+
+
+def test_generated_source_is_inspectable_and_in_linecache():
+    f = hn.trace(lambda x: (x * 3.0).tanh())
+    x = hn.randn(8)
+    f(x), f(x)
+    src = f.source
+    assert src.startswith("def entry(") and "for i0 in range" in src
+    kernel = next(iter(f.specializations.values())).traces[0].result.kernel
+    assert linecache.getlines(kernel.filename)[0].startswith("def entry(")
+    assert "define" in f.llvm_ir
+
+
+def test_lowering_of_a_graph_returns_program_with_units():
+    program = lower(_graph(lambda x: (x + 1.0).sum(), np.ones(3, np.float32)))
+    assert program.entry == "entry" and "def entry" in program.source
+    assert program.shape_generic
