@@ -7,19 +7,18 @@ one only in sizes reuses its size-generic kernel without compiling again.
 import time
 
 from compiler.lowering.numba_codegen import LoweringError, check_supported, lower
+from runtime.cache import KERNELS as _KERNELS
 from runtime.executor import Executable
 from runtime.numba_engine import compile_program
 
-_KERNELS = {}  # (structural key, backend) -> (CompiledKernel, Program)
-
 
 def _mathlib():
+    """name_f32 -> vectorizable jitted scalar function, from compiler.lowering.mathlib."""
     try:
         from compiler.lowering import mathlib
     except ImportError:
         return {}
-    return {name: getattr(mathlib, name) for name in dir(mathlib)
-            if name.endswith(("_f32",)) and callable(getattr(mathlib, name))}
+    return dict(getattr(mathlib, "LOWERING", {}))
 
 
 def optimize(graph):
@@ -52,14 +51,14 @@ def compile_trace(tg, dynamic) -> CompileResult:
     generic_key = optimized.structural_hash(exact_shapes=False)
     exact_key = optimized.structural_hash(exact_shapes=True)
     cached = _KERNELS.get(generic_key) if dynamic is not False else None
-    if cached is not None and not cached[1].shape_generic:
+    if cached is None or not cached[1].shape_generic:
         cached = _KERNELS.get(exact_key)
     reused = cached is not None
     if cached is None:
         program = lower(optimized, _mathlib())
         kernel = compile_program(program)
         key = generic_key if program.shape_generic else exact_key
-        _KERNELS[key] = (kernel, program)
+        _KERNELS.put(key, (kernel, program))
         _KERNELS.setdefault(generic_key, (kernel, program))
     else:
         kernel, program = cached

@@ -13,6 +13,8 @@ import functools
 import os
 import time
 
+from runtime.cache import SpecializationCache
+
 from .._state import STATE
 from ..capture import TraceRecorder
 from ..dispatch import node_of
@@ -107,8 +109,7 @@ class TracedFunction:
         self.module = fn if isinstance(fn, Module) else None
         self.backend, self.dynamic, self.cache_limit = backend, dynamic, cache_limit
         self.stats = Stats()
-        self.specializations = {}
-        self._backoff_until, self._backoff_step = 0, 1
+        self.specializations = SpecializationCache(cache_limit)
         self._env_names = _env_names(fn) if self.module is None else ()
         self._fast = {}  # (metas, grad) -> Specialization, for calls with only tensor args
         self._plain = self.module is None and not self._env_names
@@ -168,17 +169,15 @@ class TracedFunction:
     def _miss(self, key, flat, args, kwargs):
         stats = self.stats
         stats.misses += 1
-        if len(self.specializations) >= self.cache_limit:
-            if stats.calls < self._backoff_until:
-                return self._eager(args, kwargs)
-            self._backoff_step *= 2
-            self._backoff_until = stats.calls + self._backoff_step
-            stats.event("cache_limit", f"{len(self.specializations)} specializations reached "
-                        f"cache_limit={self.cache_limit}; running eagerly, next probe at call "
-                        f"{self._backoff_until}")
-            self.specializations.pop(next(iter(self.specializations)))
+        allowed, why = self.specializations.admit()
+        if why:
+            stats.event("cache_limit", why)
+            self._fast = {k: v for k, v in self._fast.items()
+                          if v.key in self.specializations.entries}
+        if not allowed:
+            return self._eager(args, kwargs, f"cache_limit={self.cache_limit} reached")
         entry = Specialization(key)
-        self.specializations[key] = entry
+        self.specializations.put(key, entry)
         if self._plain and not kwargs and len(flat) == len(args) and \
                 all(a is t for a, t in zip(args, flat)):
             self._fast[(key[1], key[2])] = entry
@@ -265,7 +264,7 @@ class TracedFunction:
         return self._latest_kernel().llvm_ir
 
     def _forget(self, entry):
-        self.specializations.pop(entry.key, None)
+        self.specializations.pop(entry.key)
         for k, v in list(self._fast.items()):
             if v is entry:
                 del self._fast[k]
