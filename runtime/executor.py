@@ -24,6 +24,7 @@ class Executable:
         # No guards, write-backs or 0-d values: the kernel's tuple is the answer.
         self.plain = not (self.guards or self.writebacks or self.scalar_inputs or
                           self.scalar_outputs)
+        self.single = bool(getattr(kernel.program, "single_output", False))
 
     def prepare(self, arrays):
         """0-d inputs travel as 1-element 1-d arrays (what the generated code indexes)."""
@@ -38,8 +39,10 @@ class Executable:
         """The user-visible output arrays, or None on a side exit."""
         self.calls += 1
         if self.plain and self.kernel.compiled:
-            return self.kernel.fn(*arrays)
+            return (self.kernel.fn(*arrays),) if self.single else self.kernel.fn(*arrays)
         outs = self.kernel(*self.prepare(arrays))
+        if self.single:
+            outs = (outs,)
         for index, kind, expected in self.guards:
             if not _guard_holds(outs[index], kind, expected):
                 self.side_exits += 1

@@ -33,6 +33,7 @@ class Program:
     shape_generic: bool
     uses_blas: bool = False
     notes: list = field(default_factory=list)
+    single_output: bool = False  # the entry returns one array, not a tuple
 
 
 def _pad(shape) -> tuple:
@@ -131,9 +132,14 @@ def lower(graph, mathlib=None) -> Program:
     for unit in units:
         em.unit(unit, units_of)
     outs = [em.array_of(o) for o in graph.outputs]
-    em.emit(f"return ({', '.join(outs)}{',' if outs else ''})")
+    if len(outs) == 1:  # a bare array: Numba boxes it faster than a 1-tuple
+        em.emit(f"return {outs[0]}")
+    else:
+        em.emit(f"return ({', '.join(outs)}{',' if outs else ''})")
     source = "\n".join(em.lines) + "\n"
-    return Program(source, "entry", ctx.globals, units, ctx.shape_generic, ctx.uses_blas)
+    program = Program(source, "entry", ctx.globals, units, ctx.shape_generic, ctx.uses_blas)
+    program.single_output = len(outs) == 1
+    return program
 
 
 def check_supported(graph) -> None:
