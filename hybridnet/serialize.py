@@ -18,6 +18,7 @@ from .tensor import Tensor
 
 _META = "__hybridnet__"
 _FORMAT = 1
+_RESERVED = (_META, "file", "args", "allow_pickle", "kwds")
 
 
 class SerializationError(ValueError):
@@ -31,7 +32,10 @@ def _encode(obj, path, arrays):
         if obj.dtype.kind not in "biuf":
             raise SerializationError(f"save: array at {path or '<root>'} has dtype {obj.dtype}; "
                                      "only numeric arrays can be saved")
-        key = path or "value"
+        key = base = path or "value"
+        # Unique, and never one of np.savez's own argument names or the metadata's name.
+        while key in arrays or key in _RESERVED:
+            key = f"{base}~{len(arrays)}"
         arrays[key] = obj
         return {"t": "array", "k": key}
     if isinstance(obj, dict):
@@ -52,6 +56,20 @@ def _encode(obj, path, arrays):
                              "only tensors, arrays, numbers, strings, lists and dicts")
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where the OS allows."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def save(obj, path) -> None:
     """Write a state dict (nested dicts/lists of tensors and numbers) to `path` atomically."""
     arrays = {}
@@ -66,6 +84,7 @@ def save(obj, path) -> None:
             np.savez(f, **arrays)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0600; give the mode open() would
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -94,13 +113,18 @@ def _decode(node, arrays, path):
 
 def _read_arrays(path) -> dict:
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            arrays = {name: archive[name] for name in archive.files}
+        loaded = np.load(path, allow_pickle=False)
+        if isinstance(loaded, np.lib.npyio.NpzFile):
+            with loaded as archive:
+                arrays = {name: archive[name] for name in archive.files}
     except FileNotFoundError:
         raise
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
         raise SerializationError(f"load_state: {path} is not a valid .npz archive "
                                  f"(damaged, truncated or not an npz file): {exc}") from exc
+    if not isinstance(loaded, np.lib.npyio.NpzFile):  # a bare .npy array
+        raise SerializationError(f"load_state: {path} holds a single .npy array, not a .npz "
+                                 "archive")
     for name, arr in arrays.items():
         if arr.dtype.kind not in "biuf":
             raise SerializationError(f"load_state: array {name!r} in {path} has non-numeric "
@@ -117,7 +141,7 @@ def load_state(path):
         return {name: Tensor._wrap(arr) for name, arr in arrays.items()}
     try:
         meta = json.loads(raw.astype(np.uint8).tobytes().decode())
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise SerializationError(f"load_state: {path} has a damaged structure record") from exc
     if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
         raise SerializationError(f"load_state: {path} has unsupported format "
@@ -125,7 +149,7 @@ def load_state(path):
                                  f"this hybridnet reads format {_FORMAT}")
     try:
         return _decode(meta["tree"], arrays, path)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, RecursionError) as exc:
         if isinstance(exc, SerializationError):
             raise
         raise SerializationError(f"load_state: {path} has a malformed structure: {exc}") from exc

@@ -13,8 +13,7 @@ from compiler.errors import DTypeError, ShapeError
 from .. import functional as _f
 from ..creation import generator
 from ..dispatch import apply
-from ..functional import (gelu, log_softmax, relu, sigmoid, silu, softmax, tanh,  # noqa: F401
-                          where)
+from ..functional import gelu, log_softmax, relu, sigmoid, silu, softmax, tanh, where  # noqa: F401
 from ..shape import reshape
 from ..tensor import Tensor
 
@@ -111,7 +110,10 @@ def binary_cross_entropy_with_logits(input, target, weight=None, reduction: str 
                                      pos_weight=None):
     """Sigmoid + binary cross-entropy in one numerically stable expression."""
     _same_shape("binary_cross_entropy_with_logits", input, target)
-    softplus_neg = _f.log(1.0 + _f.exp(-_f.abs(input))) + relu(-input)  # log(1 + e^-x)
+    # log(1 + e^-x) = log(1 + e^-|x|) + relu(-x), with |x| and relu(-x) = (|x| - x) / 2
+    # written so that the gradient at x = 0 is the true one (-1/2), not a zero subgradient.
+    abs_x = where(input >= 0, input, -input)
+    softplus_neg = _f.log(1.0 + _f.exp(-abs_x)) + (abs_x - input) * 0.5
     if pos_weight is None:
         loss = (1.0 - target) * input + softplus_neg
     else:
@@ -180,7 +182,7 @@ def cross_entropy(input, target, weight=None, ignore_index: int = -100,
         smooth = _f.sum(smooth) / builtin_max(float(valid._data.sum()), 1.0)
     elif reduction == "sum":
         smooth = _f.sum(smooth)
-    elif input.ndim > 2:
+    else:  # 'none': the shape of target ((), (N,) or (N, d1, ...))
         smooth = reshape(smooth, target.shape)
     return loss * (1.0 - label_smoothing) + smooth * label_smoothing
 

@@ -47,8 +47,16 @@ class Module:
             if value is not None and not isinstance(value, Tensor):
                 raise TypeError(f"cannot assign {type(value).__name__} to buffer {name!r}")
             self._buffers[name] = value
-        elif "_parameters" in self.__dict__ and name in self._parameters and value is None:
+        elif "_parameters" in self.__dict__ and name in self._parameters:
+            if value is not None:  # would shadow the registered parameter (PyTorch raises too)
+                raise TypeError(f"cannot assign {type(value).__name__} as parameter {name!r} "
+                                "(hn.nn.Parameter or None expected)")
             self._parameters[name] = None
+        elif "_modules" in self.__dict__ and name in self._modules:
+            if value is not None:
+                raise TypeError(f"cannot assign {type(value).__name__} as child module "
+                                f"{name!r} (hn.nn.Module or None expected)")
+            self._modules[name] = None
         else:
             object.__setattr__(self, name, value)
 
@@ -75,7 +83,9 @@ class Module:
         self._check_init()
         self._drop(name)
         self._buffers[name] = tensor
-        if not persistent:
+        if persistent:
+            self._non_persistent.discard(name)
+        else:
             self._non_persistent.add(name)
 
     def register_parameter(self, name: str, param):
@@ -252,10 +262,9 @@ class Sequential(Module):
         return input
 
     def __getitem__(self, index):
-        mods = list(self._modules.values())
-        if isinstance(index, slice):
-            return Sequential(*mods[index])
-        return mods[index]
+        if isinstance(index, slice):  # keeps the original names, as PyTorch does
+            return Sequential(OrderedDict(list(self._modules.items())[index]))
+        return list(self._modules.values())[index]
 
     def __len__(self) -> int:
         return len(self._modules)

@@ -32,9 +32,9 @@ class Optimizer:
             if not isinstance(p, Tensor):
                 raise TypeError(f"{type(self).__name__}: parameters must be tensors, got "
                                 f"{type(p).__name__}")
-            if not p.requires_grad:
-                raise ValueError(f"{type(self).__name__}: a parameter of shape {list(p.shape)} "
-                                 "does not require grad")
+            if not p.is_leaf:  # frozen (requires_grad=False) leaves are fine, as in PyTorch
+                raise ValueError(f"{type(self).__name__}: cannot optimize a non-leaf tensor "
+                                 f"of shape {list(p.shape)}")
             if id(p) in seen:
                 raise ValueError("some parameters appear in more than one parameter group")
         group["params"] = params
