@@ -251,3 +251,15 @@ def test_benchmark_result_fields():
     assert res.eager_seconds > 0 and res.compiled_seconds > 0 and res.compile_seconds > 0
     assert res.speedup == pytest.approx(res.eager_seconds / res.compiled_seconds)
     assert "speedup" in str(res) and set(res.to_dict()) >= {"speedup", "break_even_calls"}
+
+
+def test_cross_entropy_compiles_and_still_rejects_bad_targets():
+    import hybridnet.nn.functional as F
+    f = hn.trace(lambda x, t: F.cross_entropy(x, t))
+    x, t = hn.randn(8, 5), hn.randint(0, 5, (8,))
+    with hn.no_grad():
+        f(x, t)
+        _close(f(x, t).numpy(), F.cross_entropy(x, t).numpy())
+        assert f.stats.compiled_calls == 1
+        with pytest.raises(IndexError, match="target 5 is out of bounds for 5 classes"):
+            f(x, hn.tensor([0, 1, 2, 3, 4, 5, 0, 1]))

@@ -4,7 +4,6 @@ All are compositions of primitives (through hybridnet.functional), so they
 record, differentiate and compile like any other op.
 """
 
-import math
 
 import numpy as np
 
@@ -141,24 +140,34 @@ def _class_last(input, target, op):
     return input, target
 
 
+def _check_targets(tgt, n_classes, ignore_index, op):
+    """Raise for class indices outside [0, C) (ignore_index aside). Written with ops, so
+    under the JIT it becomes a value guard: a bad target in a later call leaves the
+    compiled path and raises here, eagerly."""
+    bad = ((tgt < 0) | (tgt >= n_classes)) & (tgt != ignore_index)
+    if _f.sum(bad) > 0:
+        t = tgt._data
+        first = int(t[(t != ignore_index) & ((t < 0) | (t >= n_classes))][0])
+        raise IndexError(f"{op}: target {first} is out of bounds for {n_classes} classes")
+
+
 def nll_loss(input, target, weight=None, ignore_index: int = -100, reduction: str = "mean"):
     """Negative log-likelihood of log-probabilities `input` (N, C) at int `target` (N,)."""
+    from ..capture import literal
     logp, tgt = _class_last(input, target, "nll_loss")
     n_classes = logp.shape[1]
-    t = tgt._data
-    valid = t != ignore_index
-    bad = t[valid & ((t < 0) | (t >= n_classes))]
-    if bad.size:
-        raise IndexError(f"nll_loss: target {int(bad[0])} is out of bounds for "
-                         f"{n_classes} classes")
-    hit = Tensor._wrap(np.arange(n_classes)[None, :] == t[:, None])
+    _check_targets(tgt, n_classes, ignore_index, "nll_loss")
+    hit = reshape(tgt, -1, 1) == literal(np.arange(n_classes).reshape(1, n_classes))
     picked = _f.sum(where(hit, logp, 0.0), 1)
-    w = np.ones(n_classes, logp._data.dtype) if weight is None else weight._data
-    row_w = np.where(valid, w[np.where(valid, t, 0)], 0).astype(logp._data.dtype)
-    losses = -picked * Tensor._wrap(row_w)
+    valid = tgt != ignore_index
+    if weight is None:
+        row_w = where(valid, 1.0, 0.0).to(logp.dtype)
+    else:
+        safe = where(valid, tgt, 0)
+        row_w = where(valid, apply("take", (weight, safe), {"dim": 0}), 0.0)
+    losses = -picked * row_w
     if reduction == "mean":
-        denom = row_w.sum()
-        return _f.sum(losses) / float(denom) if denom else _f.sum(losses) * math.nan
+        return _f.sum(losses) / _f.sum(row_w)  # 0/0 = nan when every target is ignored
     losses = losses if input.ndim != 1 else reshape(losses, ())
     if reduction == "none" and input.ndim > 2:
         losses = reshape(losses, target.shape)
@@ -176,10 +185,10 @@ def cross_entropy(input, target, weight=None, ignore_index: int = -100,
     if weight is not None:
         raise NotImplementedError("cross_entropy: label_smoothing with weight is not supported")
     rows, tgt = _class_last(logp, target, "cross_entropy")
-    valid = Tensor._wrap((tgt._data != ignore_index).astype(rows._data.dtype))
+    valid = where(tgt != ignore_index, 1.0, 0.0).to(rows.dtype)
     smooth = -_f.mean(rows, 1) * valid
     if reduction == "mean":
-        smooth = _f.sum(smooth) / builtin_max(float(valid._data.sum()), 1.0)
+        smooth = _f.sum(smooth) / _f.maximum(_f.sum(valid), 1.0)
     elif reduction == "sum":
         smooth = _f.sum(smooth)
     else:  # 'none': the shape of target ((), (N,) or (N, d1, ...))
@@ -187,4 +196,3 @@ def cross_entropy(input, target, weight=None, ignore_index: int = -100,
     return loss * (1.0 - label_smoothing) + smooth * label_smoothing
 
 
-builtin_max = max
