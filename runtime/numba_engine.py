@@ -1,11 +1,21 @@
 """The Numba engine: turn generated entry source into one jitted function.
 
-The source is registered with `linecache` under a readable file name so
-tracebacks and `inspect` show the generated code.
+Kernels are cached on disk: the generated source becomes a small module file named
+by the hash of its content (with the hybridnet, NumPy and Numba versions folded
+in), and Numba's own cache (`cache=True`, keyed by signature and CPU) stores the
+machine code beside it, so a new process loads a kernel instead of compiling it.
+A damaged or unreadable entry is rewritten or bypassed, never trusted: the file
+must hold exactly the expected source. HYBRIDNET_CACHE=0 turns the disk cache off;
+HYBRIDNET_CACHE_DIR moves it (default ~/.cache/hybridnet). Either way the source
+is registered with `linecache`, so tracebacks show the generated code.
 """
 
 import hashlib
+import importlib.util
 import linecache
+import os
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -25,11 +35,21 @@ class CompiledKernel:
         self.program = program
         self.compile_seconds = 0.0
         self.compiled = False
+        self.from_disk = False
 
     def __call__(self, *arrays):
         if not self.compiled:
             start = time.perf_counter()
-            out = self.fn(*arrays)
+            try:
+                out = self.fn(*arrays)
+            except Exception:
+                if not self.from_disk:
+                    raise
+                # A damaged disk entry: forget it and compile in memory instead.
+                _discard_disk_entry(self.filename)
+                self.fn = _in_memory(self.program).fn
+                self.from_disk = False
+                out = self.fn(*arrays)
             self.compile_seconds = time.perf_counter() - start
             self.compiled = True
             return out
@@ -45,7 +65,15 @@ class CompiledKernel:
 
 
 def compile_program(program) -> CompiledKernel:
-    """exec the generated source and wrap its entry with numba.njit (compiled lazily)."""
+    """Wrap the generated entry with numba.njit (compiled lazily, cached on disk)."""
+    try:
+        cached = _from_disk(program)
+    except Exception:  # noqa: BLE001  (an unusable cache never stops compilation)
+        cached = None
+    return cached if cached is not None else _in_memory(program)
+
+
+def _in_memory(program) -> CompiledKernel:
     import numba
 
     digest = hashlib.sha256(program.source.encode()).hexdigest()[:12]
@@ -57,3 +85,115 @@ def compile_program(program) -> CompiledKernel:
     exec(compile(program.source, filename, "exec"), namespace)  # noqa: S102 (our own codegen)
     fn = numba.njit(error_model="numpy", fastmath=FASTMATH, nogil=True)(namespace[program.entry])
     return CompiledKernel(fn, program.source, filename, program)
+
+
+# ---- the disk cache ---------------------------------------------------------------------
+
+
+def cache_dir():
+    """The kernel cache folder, or None when disabled or not writable."""
+    if os.environ.get("HYBRIDNET_CACHE", "1") == "0":
+        return None
+    base = os.environ.get("HYBRIDNET_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "hybridnet")
+    path = os.path.join(base, "kernels")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return None
+    return path if os.access(path, os.W_OK) else None
+
+
+def _literal(value) -> str:
+    item = value.item()
+    if isinstance(item, float):
+        text = repr(item) if item != item or item in (float("inf"), float("-inf")) \
+            else f"float.fromhex({item.hex()!r})"
+        if text in ("nan", "inf", "-inf"):
+            text = f"float({text!r})"
+        return f"np.{value.dtype.name}({text})"
+    return f"np.{value.dtype.name}({item!r})"
+
+
+def module_source(program):
+    """The generated entry as a self-contained module, or None if it needs live objects."""
+    lines = ["import math", "", "import numpy as np", ""]
+    for name, value in sorted(program.globals.items()):
+        if name in ("np", "math"):
+            continue
+        if isinstance(value, np.generic):
+            lines.append(f"{name} = {_literal(value)}")
+            continue
+        py = getattr(value, "py_func", None)
+        if py is None or "<" in py.__qualname__:
+            return None  # arrays and other live objects stay in memory
+        lines.append(f"from {py.__module__} import {py.__name__} as {name}")
+    return "\n".join(lines) + "\n\n\n" + program.source
+
+
+def _versions() -> str:
+    from importlib import metadata
+
+    import numba
+    try:
+        own = metadata.version("hybridnet")
+    except metadata.PackageNotFoundError:
+        own = "dev"
+    return f"hybridnet={own} numpy={np.__version__} numba={numba.__version__}"
+
+
+def _write_atomic(path, text):
+    folder = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix=".k-", suffix=".py", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _from_disk(program):
+    folder = cache_dir()
+    text = module_source(program) if folder else None
+    if text is None:
+        return None
+    import numba
+
+    key = hashlib.sha256((text + _versions() + repr(sorted(FASTMATH))).encode()).hexdigest()
+    path = os.path.join(folder, f"k_{key[:32]}.py")
+    try:
+        with open(path) as f:
+            intact = f.read() == text
+    except (OSError, UnicodeDecodeError):
+        intact = False
+    if not intact:  # missing or damaged: (re)write it
+        _write_atomic(path, text)
+    name = f"hybridnet_kernel_{key[:32]}"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # Numba's cache re-imports the module by name
+        spec.loader.exec_module(module)
+    fn = numba.njit(error_model="numpy", fastmath=FASTMATH, nogil=True, cache=True)(module.entry)
+    linecache.checkcache(path)
+    kernel = CompiledKernel(fn, program.source, path, program)
+    kernel.from_disk = True
+    return kernel
+
+
+def _discard_disk_entry(path):
+    """Remove Numba's cache files for a kernel module (best effort); the module itself
+    was checked against the expected source, so it stays."""
+    folder, base = os.path.split(path)
+    stem = base[:-3]
+    cache = os.path.join(folder, "__pycache__")
+    doomed = [os.path.join(cache, f) for f in
+              (os.listdir(cache) if os.path.isdir(cache) else []) if f.startswith(stem)]
+    for f in doomed:
+        try:
+            os.unlink(f)
+        except OSError:
+            pass
