@@ -147,7 +147,26 @@ def getitem(t, index) -> Tensor:
     merged = tuple(int(np.prod([out.shape[d] for d in dims])) if s == -1 else s
                    for s in merged)
     out = _view("reshape", out, {"shape": merged})
-    return apply("take", (out, Tensor._wrap(linear)), {"dim": d0})
+    return apply("take", (out, _index_tensor(linear, index)), {"dim": d0})
+
+
+def _index_tensor(linear, index) -> Tensor:
+    """The gather index; a trace constant when the JIT records and every index tensor is
+    fixed by the code (lists, arrays, tensors built from literals), else a value the JIT
+    cannot see (the traced call then runs eagerly)."""
+    from .capture import active, literal
+    rec = active()
+    items = index if isinstance(index, tuple) else (index,)
+    if rec is not None and all(_fixed_index(rec, i) for i in items):
+        return literal(linear)
+    return Tensor._wrap(linear)
+
+
+def _fixed_index(rec, item) -> bool:
+    if not isinstance(item, Tensor) or (item.ndim == 0 and item._data.dtype.kind in "iu"):
+        return True  # Python values, or an integer read with .item() (a value guard)
+    node = item._node
+    return id(item) in rec.literals and (node is None or node.op == "input")
 
 
 def _np_index(index):
@@ -167,8 +186,12 @@ def setitem(t, index, value) -> None:
             "supported; do the assignment under `with hn.no_grad():` or build the result "
             "with hn.where / hn.cat")
     if STATE.recorders:
-        raise RuntimeError("setitem inside hn.record() cannot be recorded; build the "
-                           "result with hn.where or hn.cat instead")
+        from .capture import TraceRecorder, note_untraceable
+        if not all(isinstance(r, TraceRecorder) for r in STATE.recorders):
+            raise RuntimeError("setitem inside hn.record() cannot be recorded; build the "
+                               "result with hn.where or hn.cat instead")
+        note_untraceable("t[index] = value (setitem) cannot be recorded; build the result "
+                         "with hn.where or hn.cat to compile it")
     if not t._data.flags.writeable:
         raise RuntimeError(f"setitem: tensor {t.dtype}{list(t.shape)} is a read-only view")
     val = value._data if isinstance(value, Tensor) else value

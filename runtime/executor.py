@@ -12,18 +12,20 @@ class Executable:
     """One compiled specialization of a traced function."""
 
     def __init__(self, kernel, n_outputs: int, guards, writebacks, scalar_inputs,
-                 scalar_outputs=()):
+                 scalar_outputs=(), copies=()):
         self.kernel = kernel
         self.n_outputs = n_outputs  # user-visible outputs come first
         self.guards = list(guards)  # (output index, kind, expected value)
         self.writebacks = list(writebacks)  # (output index, target index in arrays)
         self.scalar_inputs = tuple(scalar_inputs)  # positions of 0-d inputs
         self.scalar_outputs = frozenset(scalar_outputs)  # positions of 0-d outputs
+        # outputs the kernel may alias to an input or constant where eager gave a new array
+        self.copies = tuple(copies)
         self.calls = 0
         self.side_exits = 0
         # No guards, write-backs or 0-d values: the kernel's tuple is the answer.
         self.plain = not (self.guards or self.writebacks or self.scalar_inputs or
-                          self.scalar_outputs)
+                          self.scalar_outputs or self.copies)
         self.single = bool(getattr(kernel.program, "single_output", False))
 
     def prepare(self, arrays):
@@ -47,6 +49,10 @@ class Executable:
             if not _guard_holds(outs[index], kind, expected):
                 self.side_exits += 1
                 return None
+        if self.copies:  # before the write-backs, which may update an aliased input
+            outs = list(outs)
+            for k in self.copies:
+                outs[k] = outs[k].copy()
         for index, target in self.writebacks:
             dest = arrays[target]
             np.copyto(dest, outs[index].reshape(dest.shape))

@@ -66,7 +66,7 @@ def test_generated_source_is_inspectable_and_in_linecache():
     src = f.source
     assert src.startswith("def entry(") and "for i0 in range" in src
     kernel = next(iter(f.specializations.values())).traces[0].result.kernel
-    assert linecache.getlines(kernel.filename)[0].startswith("def entry(")
+    assert any(line.startswith("def entry(") for line in linecache.getlines(kernel.filename))
     assert "define" in f.llvm_ir
 
 

@@ -80,8 +80,10 @@ class _Group:
         return g.inner > 0 and id(node) in g.row_level and len(node.shape) == g.outer
 
     def row_shape_expr(self, node) -> str:
+        if not len(node.shape):
+            return "(1,)"  # a 0-d value travels as a 1-element 1-d array (see array_of)
         outer = self.dims[:self.g.outer]
-        if len(node.shape) == len(self.domain) or not len(node.shape):
+        if len(node.shape) == len(self.domain):
             dims = outer + ["1"] * (self.rank - self.g.outer)
         else:
             dims = outer
@@ -103,7 +105,9 @@ class _Group:
             if not reread:
                 return self.ctx.scalar(inp)
         arr = self.em.array_of(inp)
-        if self._squeezed_row(user) and self.g.outer:
+        if self._squeezed_row(user) and self.g.outer and user.op not in REDUCE_COMBINE:
+            # a row value without the reduced dims: its inputs align with the outer dims
+            # (a reduction reads its input over the whole domain, even when keepdim=False)
             outer = self.g.outer
             return f"{arr}[{self.index(inp.shape, idx[:outer], self.domain[:outer])}]"
         return f"{arr}[{self.index(inp.shape, idx)}]"
@@ -177,8 +181,10 @@ class _Group:
             em.emit(f"{self.ctx.var(node)}[{self._row_store_index(node)}] = {s}", depth)
 
     def _row_store_index(self, node) -> str:
+        if not len(node.shape):
+            return "0"
         outer = [f"i{j}" for j in range(self.g.outer)]
-        if len(node.shape) == len(self.domain) or not len(node.shape):
+        if len(node.shape) == len(self.domain):
             parts = outer + ["0"] * (self.rank - self.g.outer)
         else:
             parts = outer

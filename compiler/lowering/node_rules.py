@@ -28,7 +28,19 @@ def _reshape(em, node, x):
 
 
 def _permute(em, node, x):
-    em.emit(f"{em.ctx.var(node)} = np.transpose({x}, {_tuple(node.attrs['dims'])})")
+    # A strided view. (np.transpose with axes costs Numba seconds to compile; as_strided
+    # and .T a tenth of that.)
+    v, dims = em.ctx.var(node), tuple(node.attrs["dims"])
+    if dims == tuple(range(len(dims))):
+        em.emit(f"{v} = {x}")
+        return
+    if dims == tuple(range(len(dims)))[::-1]:
+        em.emit(f"{v} = {x}.T")
+        return
+    em.emit(f"{v}_x = {x}")
+    shape = _tuple(f"{v}_x.shape[{d}]" for d in dims)
+    strides = _tuple(f"{v}_x.strides[{d}]" for d in dims)
+    em.emit(f"{v} = np.lib.stride_tricks.as_strided({v}_x, {shape}, {strides})")
 
 
 def _slice(em, node, x):
@@ -42,7 +54,10 @@ def _pad_slice(em, node, x):
     v = em.ctx.var(node)
     parts = [f"{a}:{b}:{c}" for a, b, c in node.attrs["index"]] or [":"]
     em.emit(f"{v} = np.zeros({_tuple(_pad(node.shape))}, np.{node.dtype.name})")
-    em.emit(f"{v}[{', '.join(parts)}] = {x}")
+    # element by element: an array assigned into a strided slice compiles ~10x slower
+    em.emit(f"{v}_w, {v}_x = {v}[{', '.join(parts)}], {x}")
+    em.emit(f"for {v}_q in np.ndindex({v}_x.shape):")
+    em.emit(f"    {v}_w[{v}_q] = {v}_x[{v}_q]")
 
 
 def _cat(em, node, *xs):
@@ -57,20 +72,34 @@ def _blas_operand(em, node, expr) -> str:
     return f"np.ascontiguousarray({expr})"
 
 
+def _int_dot(em, a, b, out, q=""):
+    """Lines for out[q] += a[q] @ b[q] with integer loops (NumPy's exact wrap-around)."""
+    em.emit(f"for i in range({a}.shape[-2]):")
+    em.emit(f"    for k in range({a}.shape[-1]):")
+    em.emit(f"        {out}_t = {a}[{q}i, k]")
+    em.emit(f"        for j in range({b}.shape[-1]):")
+    em.emit(f"            {out}[{q}i, j] += {out}_t * {b}[{q}k, j]")
+
+
 def _matmul(em, node, a, b):
     from .numba_codegen import LoweringError
-    if node.dtype.kind != "f":
-        raise LoweringError(f"matmul on {node.dtype} is run eagerly (BLAS needs floats)")
-    em.ctx.uses_blas = True
-    v = em.ctx.var(node)
+    kind = node.dtype.kind
+    if kind not in "fiu":
+        raise LoweringError(f"matmul on {node.dtype} is run eagerly")
+    v, dt = em.ctx.var(node), f"np.{node.dtype.name}"
     if len(node.shape) == 2:
-        em.emit(f"{v} = np.dot({_blas_operand(em, node.inputs[0], a)}, "
-                f"{_blas_operand(em, node.inputs[1], b)})")
+        if kind == "f":
+            em.ctx.uses_blas = True
+            em.emit(f"{v} = np.dot({_blas_operand(em, node.inputs[0], a)}, "
+                    f"{_blas_operand(em, node.inputs[1], b)})")
+            return
+        em.emit(f"{v}_a, {v}_b = {a}, {b}")
+        em.emit(f"{v} = np.zeros(({v}_a.shape[0], {v}_b.shape[1]), {dt})")
+        _int_dot(em, f"{v}_a", f"{v}_b", v)
         return
     _static(em)
-    ra, rb = (len(i.shape) for i in node.inputs)
     batch = node.shape[:-2]
-    em.emit(f"{v} = np.empty({_tuple(node.shape)}, np.{node.dtype.name})")
+    em.emit(f"{v} = np.{'empty' if kind == 'f' else 'zeros'}({_tuple(node.shape)}, {dt})")
     em.emit(f"{v}_a = np.ascontiguousarray(np.broadcast_to({a}, "
             f"{_tuple(batch + node.inputs[0].shape[-2:])}))")
     em.emit(f"{v}_b = np.ascontiguousarray(np.broadcast_to({b}, "
@@ -78,9 +107,25 @@ def _matmul(em, node, a, b):
     em.emit(f"{v}_f = {v}.reshape((-1,) + {v}.shape[-2:])")
     em.emit(f"{v}_af = {v}_a.reshape((-1,) + {v}_a.shape[-2:])")
     em.emit(f"{v}_bf = {v}_b.reshape((-1,) + {v}_b.shape[-2:])")
+    if kind != "f":
+        em.emit(f"{v}_n = {v}_f.shape[0]")
+        em.emit(f"for q in range({v}_n):")
+        em.lines.extend("    " + line for line in _lines(em, lambda: _int_dot(
+            em, f"{v}_af", f"{v}_bf", f"{v}_f", "q, ")))
+        return
+    em.ctx.uses_blas = True
     em.emit(f"for q in range({v}_f.shape[0]):")
-    em.emit(f"    {v}_f[q] = np.dot({v}_af[q], {v}_bf[q])")
-    del ra, rb
+    # dot's out= form: assigning a 2-d result into a slice compiles ~10x slower in Numba
+    em.emit(f"    np.dot({v}_af[q], {v}_bf[q], {v}_f[q])")
+
+
+def _lines(em, emit) -> list:
+    """The lines `emit()` appends, taken back out (to re-indent them)."""
+    n = len(em.lines)
+    emit()
+    lines = em.lines[n:]
+    del em.lines[n:]
+    return lines
 
 
 def _three_way(shape, dim):
@@ -143,14 +188,17 @@ def _argreduce(em, node, x):
     em.emit(f"{v}_o = np.zeros(({a}, {b}), np.int64)")
     em.emit(f"for p in range({a}):")
     em.emit(f"    for r in range({b}):")
-    em.emit(f"        best = {v}_x[p, 0, r]")
+    em.emit(f"        {v}_m = {v}_x[p, 0, r]")
     em.emit(f"        for q in range(1, {n}):")
-    em.emit(f"            c = {v}_x[p, q, r]")
-    em.emit(f"            if best == best and (c {better} best or c != c):")
-    em.emit("                best = c")
+    em.emit(f"            {v}_c = {v}_x[p, q, r]")
+    em.emit(f"            if {v}_m == {v}_m and ({v}_c {better} {v}_m or {v}_c != {v}_c):")
+    em.emit(f"                {v}_m = {v}_c")
     em.emit(f"                {v}_o[p, r] = q")
     em.emit(f"{v} = {v}_o.reshape({_tuple(_pad(node.shape))})")
 
+
+# Rules whose result may be a view of their operand (everything else is a fresh array).
+VIEW_RESULTS = frozenset({"reshape", "permute", "slice"})
 
 NODE_RULES = {
     "reshape": _reshape, "permute": _permute, "slice": _slice, "pad_slice": _pad_slice,

@@ -38,6 +38,9 @@ class TraceGraph:
     writebacks: list  # (output index, input index)
     n_results: int
     notes: list = field(default_factory=list)
+    # per result: True when the eager result shares memory with no input and no other
+    # result (the compiled result must not either)
+    fresh: list = field(default_factory=list)
 
 
 class _Builder:
@@ -49,6 +52,7 @@ class _Builder:
         self.mapping = {}  # id(tape node) -> new Node
         self.inputs, self.sources, self.consts = [], [], []
         self.source_of_tensor = {}  # id(tensor) -> input position
+        self.leaf_of_tensor = {}  # id(tensor) -> the leaf node it was first met as
 
     # -- external values --------------------------------------------------------------
 
@@ -85,6 +89,14 @@ class _Builder:
         t = tape_node.ref() if tape_node.ref is not None else None
         if t is None:
             raise Untraceable("a tensor the function used was freed during the call")
+        first = self.leaf_of_tensor.setdefault(id(t), tape_node)
+        value = getattr(tape_node, "value", None)
+        stale = value is not None and value is not t._data
+        if first is not tape_node or stale or any(a is t for a in self.flat):
+            # an argument met again as a new leaf, or two leaves of one tensor: its
+            # buffer was replaced (t.data = ...) during the call
+            raise Untraceable("the function replaces a tensor's data (t.data = ...); the "
+                              "JIT cannot replay that yet")
         if id(t) in self.rec.created:
             if id(t) not in self.rec.literals:
                 raise Untraceable("a tensor was built from values the JIT cannot see (for "
@@ -135,18 +147,39 @@ def build(recorder, flat_args, arg_nodes, result_leaves) -> TraceGraph:
     for g in recorder.guards:
         guards.append((len(out_nodes), g.kind, g.value))
         out_nodes.append(b.value(g.node))
+    if recorder.mutated:
+        _check_aliasing(b, recorder, [node_of(t) for t in result_leaves])
     writebacks = _writebacks(b, recorder, out_nodes)
     graph = Graph(b.inputs + b.consts + body, b.inputs, out_nodes)
-    return TraceGraph(graph, b.sources, outputs, guards, writebacks, n_results)
+    return TraceGraph(graph, b.sources, outputs, guards, writebacks, n_results,
+                      fresh=_fresh_results(b, result_leaves))
+
+
+def _fresh_results(b, result_leaves):
+    outside = [t._data for t in b.flat]
+    outside += [t._data for t in (s.ref() for s in b.sources if s.kind == "captured")
+                if t is not None]
+    fresh = []
+    for k, t in enumerate(result_leaves):
+        others = outside + [r._data for j, r in enumerate(result_leaves) if j != k]
+        fresh.append(not any(np.may_share_memory(t._data, a) for a in others))
+    return fresh
 
 
 def _writebacks(b, recorder, out_nodes):
     import weakref
+    first_node = {}  # id(tensor) -> the node it had before its first in-place update
+    for t, previous in recorder._rebound:
+        first_node.setdefault(id(t), previous)
     result, seen = [], set()
     for t in reversed(recorder.mutated):
         if id(t) in seen or id(t) in recorder.created:
             continue
         seen.add(id(t))
+        if id(first_node.get(id(t))) in b.recorded:
+            # made by an op of this call (x.clone().add_(y)): its final value is a graph
+            # value like any other, there is nothing outside the call to update
+            continue
         pos = b.source_of_tensor.get(id(t))
         if pos is None:
             arg = next((i for i, a in enumerate(b.flat) if a is t), None)
@@ -161,3 +194,40 @@ def _writebacks(b, recorder, out_nodes):
         from ..dispatch import node_of
         out_nodes.append(b.value(node_of(t)))
     return result
+
+
+def _check_aliasing(b, recorder, result_nodes):
+    """Refuse in-place updates that another tensor of the call sees through shared memory.
+
+    The graph gives each value its own buffer. When an updated tensor shares memory with
+    another one (a view taken before the update and read after it, or an outside tensor
+    that a view made inside the call writes into), eager code sees the update through
+    the alias and a replay of the graph would not.
+    """
+    pos = {id(n): i for i, n in enumerate(recorder.nodes)}
+    last_use, leaves = {}, {}
+    for i, node in enumerate(recorder.nodes):
+        for inp in node.inputs:
+            last_use[id(inp)] = i
+            if id(inp) not in pos and inp.op == "input":
+                leaves[id(inp)] = inp
+    for node in result_nodes:
+        last_use[id(node)] = len(recorder.nodes)
+    chains = {}  # id(tensor) -> (tensor, [node before each update...])
+    for t, previous in recorder._rebound:
+        chains.setdefault(id(t), (t, []))[1].append(previous)
+    candidates = list(recorder.nodes) + list(leaves.values())
+    for t, previous in chains.values():
+        data = t._data
+        made_inside = id(previous[0]) in pos or id(t) in recorder.created
+        own = {id(n) for n in previous} | {id(t._node)}
+        updates = [pos.get(id(n), -1) for n in previous[1:] + [t._node]]
+        for c in candidates:
+            value = getattr(c, "value", None)
+            if id(c) in own or value is None or not np.may_share_memory(value, data):
+                continue  # (p.detach() and p.data hold p's very buffer: aliases too)
+            born, used = pos.get(id(c), -1), last_use.get(id(c), -1)
+            if (made_inside and id(c) not in pos) or any(born < u < used for u in updates):
+                raise Untraceable(f"an in-place update of {data.dtype}{list(data.shape)} "
+                                  "writes memory that another tensor of the call shares (a "
+                                  "view); the JIT cannot replay it yet")

@@ -6,6 +6,7 @@ one only in sizes reuses its size-generic kernel without compiling again.
 
 import time
 
+from compiler.lowering.node_rules import VIEW_RESULTS
 from compiler.lowering.numba_codegen import LoweringError, check_supported, lower
 from runtime.cache import KERNELS as _KERNELS
 from runtime.executor import Executable
@@ -28,6 +29,25 @@ def optimize(graph):
     except ImportError:
         return graph, []
     return run_passes(graph)
+
+
+def _aliased_results(outputs, fresh) -> list:
+    """Results the kernel may return as (views of) an input, a constant or another result
+    where eager returned an array of its own (x + 0 simplified to x, say): copied."""
+    def root(node):
+        while node.op in VIEW_RESULTS:
+            node = node.inputs[0]
+        return node
+    roots = [root(o) for o in outputs]
+    copies = []
+    for k, r in enumerate(roots):
+        if k < len(fresh) and not fresh[k]:
+            continue
+        shared = any(q is r for j, q in enumerate(roots)
+                     if j != k and (j < k or (j < len(fresh) and not fresh[j])))
+        if shared or r.op in ("input", "const"):
+            copies.append(k)
+    return copies
 
 
 class CompileResult:
@@ -64,7 +84,9 @@ def compile_trace(tg, dynamic) -> CompileResult:
         kernel, program = cached
     scalar_in = [i for i, n in enumerate(optimized.inputs) if not len(n.shape)]
     scalar_out = [i for i, n in enumerate(optimized.outputs[:tg.n_results]) if not len(n.shape)]
-    exe = Executable(kernel, tg.n_results, tg.guards, tg.writebacks, scalar_in, scalar_out)
+    copies = _aliased_results(optimized.outputs[:tg.n_results], tg.fresh)
+    exe = Executable(kernel, tg.n_results, tg.guards, tg.writebacks, scalar_in, scalar_out,
+                     copies)
     return CompileResult(exe, optimized, program, kernel, report, reused,
                          time.perf_counter() - start)
 

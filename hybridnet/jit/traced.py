@@ -54,11 +54,18 @@ def _make_runner(tg, result, stats):
             arrays = _gather(sources, flat)
             if arrays is None:
                 return _STALE
-        if not kernel.compiled:
-            outs = exe.run(arrays)
-            stats.compile_seconds += kernel.compile_seconds + result.seconds
-        else:
-            outs = exe.run(arrays)
+        try:
+            if not kernel.compiled:
+                outs = exe.run(arrays)
+                stats.compile_seconds += kernel.compile_seconds + result.seconds
+            else:
+                outs = exe.run(arrays)
+        except Exception as exc:  # only Numba's own errors are caught
+            if not type(exc).__module__.startswith("numba."):
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            return _Failed(f"the numba backend could not compile this trace "
+                           f"({type(exc).__name__}: {first[:200]})")
         if outs is None:
             return None
         stats.compiled_calls += 1
@@ -69,6 +76,15 @@ def _make_runner(tg, result, stats):
 
 
 _STALE = object()
+
+
+class _Failed:
+    """What a runner returns when Numba rejects the generated code (the call runs eagerly)."""
+
+    def __init__(self, reason):
+        self.reason = reason
+
+
 try:
     _ENV = os.environ._data  # the encoded dict behind os.environ (POSIX): a cheap lookup
     _DISABLE_KEY = os.environ.encodekey("HYBRIDNET_DISABLE_JIT")
@@ -112,7 +128,10 @@ class TracedFunction:
         self.specializations = SpecializationCache(cache_limit)
         self._env_names = _env_names(fn) if self.module is None else ()
         self._fast = {}  # (metas, grad) -> Specialization, for calls with only tensor args
-        self._plain = self.module is None and not self._env_names
+        # globals or closure cells to key on (else, for functions, "plain": only the args)
+        self._has_env = self.module is None and bool(
+            self._env_names or getattr(fn, "__closure__", None))
+        self._plain = self.module is None and not self._has_env
         functools.update_wrapper(self, fn if self.module is None else type(fn).forward,
                                  updated=())
 
@@ -123,7 +142,7 @@ class TracedFunction:
         key = (spec, metas, STATE.grad)
         if self.module is not None:
             return key + (_module_key(self.module),)
-        if self._env_names:
+        if self._has_env:
             return key + (_env_key(self.fn, self._env_names),)
         return key
 
@@ -239,6 +258,12 @@ class TracedFunction:
             if out is _STALE:
                 self._forget(entry)
                 return self._miss(entry.key, list(flat), args, kwargs)
+            if isinstance(out, _Failed):
+                entry.traces.clear()
+                entry.fallback = out.reason
+                self.stats.fallbacks += 1
+                self.stats.event("fallback", out.reason)
+                return self._eager(args, kwargs)
             if out is not None:
                 return out
         self.stats.side_exits += 1
@@ -313,25 +338,41 @@ def _env_names(fn):
 
 
 def _env_key(fn, names):
-    """Identities of tensors/modules the function reaches by global name or closure."""
+    """What the function reads by global name or closure: identities of tensors and
+    modules, and the values of Python scalars and containers of them (baked into a trace
+    as constants, so a new value must trace anew)."""
     glb = fn.__globals__
     parts = []
     for name in names:
-        value = glb.get(name)
-        if isinstance(value, Tensor):
-            parts.append((name, id(value)))
-        elif isinstance(value, Module):
-            parts.append((name, _module_key(value)))
+        key = _env_value_key(glb.get(name))
+        if key is not None:
+            parts.append((name, key))
     for cell in fn.__closure__ or ():
         try:
             value = cell.cell_contents
         except ValueError:
             continue
-        if isinstance(value, Tensor):
-            parts.append(id(value))
-        elif isinstance(value, Module):
-            parts.append(_module_key(value))
+        key = _env_value_key(value)
+        if key is not None:
+            parts.append(key)
     return tuple(parts)
+
+
+_ENV_VALUES = (int, float, bool, str, tuple, list, dict)
+
+
+def _env_value_key(value):
+    if isinstance(value, Tensor):
+        return id(value)
+    if isinstance(value, Module):
+        return _module_key(value)
+    if isinstance(value, _ENV_VALUES):
+        try:
+            leaves, spec = flatten(value)
+        except Unsupported:
+            return None
+        return (spec, tuple(id(t) for t in leaves))
+    return None
 
 
 def trace(fn=None, *, backend="numba", dynamic=None, cache_limit=8):
