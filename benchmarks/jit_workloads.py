@@ -44,51 +44,55 @@ def _torch_w1(torch):
 
 
 def _jax_w1(jax):
-    jnp = jax.numpy
-
     def f(x):
         y = x * 1.5 + 0.1
         return jax.nn.gelu(y, approximate=True) * jax.nn.sigmoid(x) + 0.5 * x
     return f
 
 
+def _w1_row(n, traced, torch, jax):
+    a = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    x = hn.from_numpy(a)
+    dst = np.empty_like(a)
+    repeat = 5 if n >= 2 ** 24 else 9
+    with hn.no_grad():
+        traced(x), traced(x)
+        row = {"n": n, "floor": median_time(lambda: np.copyto(dst, a), repeat),
+               "compiled": median_time(lambda: traced(x), repeat),
+               "eager": median_time(lambda: w1_hn(x), repeat),
+               "numpy": median_time(lambda: w1_numpy(a), repeat),
+               "max_err": float(np.abs(traced(x).numpy() - w1_numpy(a)).max())}
+    if torch is not None:
+        t = torch.from_numpy(a)
+        tf = _torch_w1(torch)
+        row["torch"] = median_time(lambda: tf(t), repeat)
+        row["torch.compile"] = _torch_compiled(torch, tf, t, repeat)
+    if jax is not None:
+        jf = jax.jit(_jax_w1(jax))
+        ja = jax.numpy.asarray(a)
+        jf(ja).block_until_ready()
+        row["jax.jit"] = median_time(lambda: jf(ja).block_until_ready(), repeat)
+    return row
+
+
 def bench_w1(quick):
     torch, jax = optional("torch"), _jax()
     sizes = [2 ** 16, 2 ** 20] if quick else [2 ** 16, 2 ** 20, 2 ** 24]
     traced = hn.trace(w1_hn)
-    rows = []
-    for n in sizes:
-        a = np.random.default_rng(0).standard_normal(n).astype(np.float32)
-        x = hn.from_numpy(a)
-        dst = np.empty_like(a)
-        repeat = 5 if n >= 2 ** 24 else 9
-        with hn.no_grad():
-            traced(x), traced(x)
-            row = {"n": n, "floor": median_time(lambda: np.copyto(dst, a), repeat),
-                   "compiled": median_time(lambda: traced(x), repeat),
-                   "eager": median_time(lambda: w1_hn(x), repeat),
-                   "numpy": median_time(lambda: w1_numpy(a), repeat)}
-        ref = w1_numpy(a)
-        row["max_err"] = float(np.abs(traced(x).numpy() - ref).max())
-        if torch is not None:
-            t = torch.from_numpy(a)
-            tf = _torch_w1(torch)
-            row["torch"] = median_time(lambda: tf(t), repeat)
-            row["torch.compile"] = _torch_compiled(torch, tf, t, repeat)
-        if jax is not None:
-            jf = jax.jit(_jax_w1(jax))
-            ja = jax.numpy.asarray(a)
-            jf(ja).block_until_ready()
-            row["jax.jit"] = median_time(lambda: jf(ja).block_until_ready(), repeat)
-        rows.append(row)
-    cols = [("n", "N", str)] + [(k, f"{k} (x floor)", _floor_fmt(k)) for k in
-                                ("compiled", "eager", "numpy", "torch", "torch.compile",
-                                 "jax.jit")] + [("max_err", "max |err| vs numpy",
-                                                 lambda v: f"{v:.1e}")]
+    rows = [_w1_row(n, traced, torch, jax) for n in sizes]
+    impls = ("compiled", "eager", "numpy", "torch", "torch.compile", "jax.jit")
+    table = []
     for r in rows:
-        r["_floor"] = r["floor"]
-    print_table("W1: gelu_tanh(x*1.5+0.1) * sigmoid(x) + 0.5*x, float32 (floor = np.copyto "
-                "read+write)", rows, cols)
+        line = {"n": f"2^{int(math.log2(r['n']))}", "floor": fmt_time(r["floor"]),
+                "err": f"{r['max_err']:.1e}"}
+        for k in impls:
+            v = r.get(k)
+            line[k] = "-" if v is None else f"{fmt_time(v)} ({v / r['floor']:.1f}x)"
+        table.append(line)
+    cols = [("n", "N", str), ("floor", "copy floor", str)] + \
+        [(k, k, str) for k in impls] + [("err", "max|err| vs numpy", str)]
+    print_table("W1: gelu_tanh(x*1.5+0.1) * sigmoid(x) + 0.5*x, float32; time (multiple of "
+                "the memory-bandwidth floor: np.copyto, read + write)", table, cols)
     return rows
 
 
