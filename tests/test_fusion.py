@@ -74,3 +74,20 @@ def test_lowering_of_a_graph_returns_program_with_units():
     program = lower(_graph(lambda x: (x + 1.0).sum(), np.ones(3, np.float32)))
     assert program.entry == "entry" and "def entry" in program.source
     assert program.shape_generic
+
+
+def test_independent_chains_over_one_domain_share_a_loop():
+    def w1(x):
+        y = x * 1.5 + 0.1
+        return hn.gelu(y, approximate="tanh") * hn.sigmoid(x) + 0.5 * x
+    units = partition(_graph(w1, np.ones(64, np.float32)))
+    assert len(units) == 1, describe(units)
+
+
+def test_big_loops_run_in_parallel_and_stay_correct():
+    from compiler.lowering.numba_codegen import PARALLEL_THRESHOLD
+    f = hn.trace(lambda x: (x * 2.0 + 1.0).tanh())
+    x = hn.randn(PARALLEL_THRESHOLD)
+    f(x)
+    np.testing.assert_allclose(f(x).numpy(), np.tanh(x.numpy() * 2 + 1), rtol=1e-6, atol=1e-6)
+    assert "prange(" in f.source

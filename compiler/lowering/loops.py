@@ -197,12 +197,25 @@ class _Group:
         self.allocate()
         idx = [f"i{j}" for j in range(self.rank)]
         depth = 1
+        parallel = self._parallel()
         for j in range(g.outer):
-            em.emit(f"for i{j} in range({self.dims[j]}):", depth)
+            loop = "prange" if parallel and j == 0 else "range"
+            em.emit(f"for i{j} in {loop}({self.dims[j]}):", depth)
             depth += 1
         row_idx = idx[:g.outer] + ["0"] * g.inner
         for phase in sorted(set(g.phase.values())):
             self._emit_phase(phase, idx, row_idx, depth)
+
+    def _parallel(self) -> bool:
+        """Split the outermost loop across threads: big domains whose iterations write
+        disjoint outputs (not buffer reductions, which accumulate across iterations)."""
+        g = self.g
+        if not self.ctx.parallel or not g.outer or g.buffer_reductions:
+            return False
+        if int(np.prod(self.domain)) < self.ctx.parallel_threshold:
+            return False
+        self.ctx.uses_prange = True
+        return True
 
     def _emit_phase(self, phase, idx, row_idx, depth):
         g, em = self.g, self.em

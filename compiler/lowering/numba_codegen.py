@@ -18,6 +18,10 @@ from . import node_rules
 from .rules import REDUCE_COMBINE, RULES, libm_name, reduce_identity
 
 
+# Loop nests with at least this many iterations run their outer loop in parallel.
+PARALLEL_THRESHOLD = 1 << 20
+
+
 class LoweringError(OpError):
     """The graph uses something this backend cannot lower (the caller falls back)."""
 
@@ -34,6 +38,7 @@ class Program:
     uses_blas: bool = False
     notes: list = field(default_factory=list)
     single_output: bool = False  # the entry returns one array, not a tuple
+    parallel: bool = False  # uses numba.prange (compile with parallel=True)
 
 
 def _pad(shape) -> tuple:
@@ -43,8 +48,11 @@ def _pad(shape) -> tuple:
 class Context:
     """Naming, typed constants and math-function choice during codegen."""
 
-    def __init__(self, graph, mathlib=None):
+    def __init__(self, graph, mathlib=None, parallel=False):
         self.graph = graph
+        self.parallel = parallel
+        self.parallel_threshold = PARALLEL_THRESHOLD
+        self.uses_prange = False
         self.index = {id(n): i for i, n in enumerate(graph.nodes)}
         self.globals = {"np": np}
         self.mathlib = mathlib or {}
@@ -118,10 +126,13 @@ class _Emitter:
             emit_group(self, unit, units_of)
 
 
-def lower(graph, mathlib=None) -> Program:
-    """Generate the Numba entry for `graph` (an optimized clone)."""
+def lower(graph, mathlib=None, parallel=False) -> Program:
+    """Generate the Numba entry for `graph` (an optimized clone).
+
+    parallel=True lets loop nests over at least PARALLEL_THRESHOLD elements split their
+    outermost loop across threads (numba.prange)."""
     units = partition(graph)
-    ctx = Context(graph, mathlib)
+    ctx = Context(graph, mathlib, parallel)
     em = _Emitter(graph, ctx)
     units_of = {}
     for unit in units:
@@ -139,6 +150,7 @@ def lower(graph, mathlib=None) -> Program:
     source = "\n".join(em.lines) + "\n"
     program = Program(source, "entry", ctx.globals, units, ctx.shape_generic, ctx.uses_blas)
     program.single_output = len(outs) == 1
+    program.parallel = ctx.uses_prange
     return program
 
 

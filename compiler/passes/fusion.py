@@ -127,9 +127,18 @@ class _Partitioner:
 
     # -- pointwise ------------------------------------------------------------------------
 
+    def _candidates(self, node, shape):
+        """Groups of the node's inputs first, then earlier groups over the same domain
+        (independent chains over one domain share one loop nest)."""
+        found = self._groups_of_inputs(node)
+        for unit in reversed(self.units):
+            if isinstance(unit, LoopGroup) and unit.domain == shape and unit not in found:
+                found.append(unit)
+        return found
+
     def _place_pointwise(self, node):
         shape = _pad(node.shape)
-        for group in self._groups_of_inputs(node):
+        for group in self._candidates(node, shape):
             if group.buffer_reductions or not self._inputs_ready_for(node, group):
                 continue
             if shape == group.domain and self._full_ok(node, group):

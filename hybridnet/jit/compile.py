@@ -4,10 +4,12 @@ Compiled kernels are shared by structure: a graph that differs from an earlier
 one only in sizes reuses its size-generic kernel without compiling again.
 """
 
+import math
 import time
 
 from compiler.lowering.node_rules import VIEW_RESULTS
-from compiler.lowering.numba_codegen import LoweringError, check_supported, lower
+from compiler.lowering.numba_codegen import (PARALLEL_THRESHOLD, LoweringError,
+                                             check_supported, lower)
 from runtime.cache import KERNELS as _KERNELS
 from runtime.executor import Executable
 from runtime.numba_engine import compile_program
@@ -68,14 +70,15 @@ def compile_trace(tg, dynamic) -> CompileResult:
     start = time.perf_counter()
     optimized, report = optimize(tg.graph)
     check_supported(optimized)
-    generic_key = optimized.structural_hash(exact_shapes=False)
-    exact_key = optimized.structural_hash(exact_shapes=True)
+    big = max((math.prod(n.shape) for n in optimized.nodes), default=0) >= PARALLEL_THRESHOLD
+    generic_key = (optimized.structural_hash(exact_shapes=False), big)
+    exact_key = (optimized.structural_hash(exact_shapes=True), big)
     cached = _KERNELS.get(generic_key) if dynamic is not False else None
     if cached is None or not cached[1].shape_generic:
         cached = _KERNELS.get(exact_key)
     reused = cached is not None
     if cached is None:
-        program = lower(optimized, _mathlib())
+        program = lower(optimized, _mathlib(), parallel=big)
         kernel = compile_program(program)
         key = generic_key if program.shape_generic else exact_key
         _KERNELS.put(key, (kernel, program))
