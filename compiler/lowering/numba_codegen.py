@@ -17,7 +17,6 @@ from ..passes.fusion import LoopGroup, NodeUnit, partition
 from . import node_rules
 from .rules import REDUCE_COMBINE, RULES, libm_name, reduce_identity
 
-
 # Loop nests with at least this many iterations run their outer loop in parallel.
 PARALLEL_THRESHOLD = 1 << 20
 

@@ -8,8 +8,12 @@ import math
 import time
 
 from compiler.lowering.node_rules import VIEW_RESULTS
-from compiler.lowering.numba_codegen import (PARALLEL_THRESHOLD, LoweringError,
-                                             check_supported, lower)
+from compiler.lowering.numba_codegen import (
+    PARALLEL_THRESHOLD,
+    LoweringError,
+    check_supported,
+    lower,
+)
 from runtime.cache import KERNELS as _KERNELS
 from runtime.executor import Executable
 from runtime.numba_engine import compile_program
