@@ -91,3 +91,17 @@ def test_big_loops_run_in_parallel_and_stay_correct():
     f(x)
     np.testing.assert_allclose(f(x).numpy(), np.tanh(x.numpy() * 2 + 1), rtol=1e-6, atol=1e-6)
     assert "prange(" in f.source
+
+
+def test_dead_buffers_are_reused_and_results_stay_right():
+    layers = [hn.nn.Linear(16, 16) for _ in range(4)]
+    model = hn.nn.Sequential(*[m for lin in layers for m in (lin, hn.nn.ReLU())])
+    traced = hn.trace(model)
+    with hn.no_grad():
+        for batch in (8, 8, 3, 3):
+            x = hn.randn(batch, 16)
+            out = traced(x)
+            np.testing.assert_allclose(out.numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)
+    notes = next(iter(traced.specializations.values())).traces[0].result.program.notes
+    assert any(n.startswith("buffers reused: ") and not n.endswith(" 0") for n in notes)
+    assert " if v" in traced.source and ".shape == (" in traced.source

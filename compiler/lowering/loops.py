@@ -128,9 +128,16 @@ class _Group:
                 init = self.ctx.const(reduce_identity(node.op, node.dtype), node.dtype)
                 self.em.emit(f"{var} = np.full({shape}, {init}, {dt})")
             elif id(node) in self.g.row_level:
-                self.em.emit(f"{var} = np.empty({self.row_shape_expr(node)}, {dt})")
+                self._alloc(node, var, self.row_shape_expr(node))
             else:
-                self.em.emit(f"{var} = np.empty({self.shape_expr_full()}, {dt})")
+                self._alloc(node, var, self.shape_expr_full())
+
+    def _alloc(self, node, var, shape):
+        planner = self.em.planner
+        if planner is None:
+            self.em.emit(f"{var} = np.empty({shape}, np.{node.dtype.name})")
+        else:
+            self.em.emit(planner.allocate(node, var, shape, node.dtype.name))
 
     def _buffer_shape(self, node) -> str:
         dims, keep = node.attrs["dims"], node.attrs["keepdim"]

@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import OpError
 from ..passes.fusion import LoopGroup, NodeUnit, partition
 from . import node_rules
+from .buffers import BufferPlanner
 from .rules import REDUCE_COMBINE, RULES, libm_name, reduce_identity
 
 # Loop nests with at least this many iterations run their outer loop in parallel.
@@ -101,6 +102,7 @@ class _Emitter:
         self.lines = []
         self.users = graph.users()
         self.outputs = {id(o) for o in graph.outputs}
+        self.planner = None
 
     def emit(self, line: str, depth: int = 1):
         self.lines.append("    " * depth + line)
@@ -137,10 +139,14 @@ def lower(graph, mathlib=None, parallel=False) -> Program:
     for unit in units:
         for node in unit.nodes:
             units_of[id(node)] = unit
+    em.planner = BufferPlanner(graph, units_of)
     args = ", ".join(ctx.var(n) for n in graph.inputs)
     em.lines.append(f"def entry({args}):")
     for unit in units:
         em.unit(unit, units_of)
+        if isinstance(unit, NodeUnit) and unit.node.op == "matmul" and len(unit.node.shape) == 2:
+            em.planner.adopt(unit.node, ctx.var(unit.node), 2, unit.node.dtype.name)
+        em.planner.release_after(unit.index)
     outs = [em.array_of(o) for o in graph.outputs]
     if len(outs) == 1:  # a bare array: Numba boxes it faster than a 1-tuple
         em.emit(f"return {outs[0]}")
@@ -150,6 +156,7 @@ def lower(graph, mathlib=None, parallel=False) -> Program:
     program = Program(source, "entry", ctx.globals, units, ctx.shape_generic, ctx.uses_blas)
     program.single_output = len(outs) == 1
     program.parallel = ctx.uses_prange
+    program.notes.append(f"buffers reused: {em.planner.reused}")
     return program
 
 
