@@ -263,3 +263,25 @@ def test_cross_entropy_compiles_and_still_rejects_bad_targets():
         assert f.stats.compiled_calls == 1
         with pytest.raises(IndexError, match="target 5 is out of bounds for 5 classes"):
             f(x, hn.tensor([0, 1, 2, 3, 4, 5, 0, 1]))
+
+
+def test_traced_method_of_a_module():
+    class Net(hn.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = hn.nn.Linear(4, 3)
+
+        @hn.trace
+        def forward(self, x):
+            return self.lin(x).tanh()
+
+    net = Net()
+    x = hn.randn(2, 4)
+    with hn.no_grad():
+        ref = (x @ net.lin.weight.T + net.lin.bias).tanh().numpy()
+        net(x)
+        _close(net(x).numpy(), ref)
+        assert Net.forward.stats.compiled_calls == 1
+        net.eval()
+        _close(net(x).numpy(), ref)  # training flag is part of the key: a new trace
+    assert Net.forward.stats.misses == 2

@@ -1,5 +1,6 @@
 """Flatten nested Python containers of tensors into (leaves, spec) and back."""
 
+from ..nn.module import Module
 from ..tensor import Tensor
 
 _STATIC = (int, float, bool, str, bytes, type(None))
@@ -17,6 +18,9 @@ def flatten(obj, leaves=None):
         return leaves, ("T",)
     if isinstance(obj, _STATIC):
         return leaves, ("S", type(obj).__name__, obj)
+    if isinstance(obj, Module):  # e.g. `self` of a traced method: keyed by its state
+        from .traced import _module_key
+        return leaves, ("M", obj, _module_key(obj))
     if isinstance(obj, (tuple, list)):
         specs = tuple(flatten(item, leaves)[1] for item in obj)
         kind = "list" if isinstance(obj, list) else type(obj)
@@ -40,6 +44,8 @@ def _build(spec, it):
         return next(it)
     if tag == "S":
         return spec[2]
+    if tag == "M":
+        return spec[1]
     if tag == "C":
         items = [_build(s, it) for s in spec[2]]
         kind = spec[1]
