@@ -5,6 +5,7 @@ and, when torch is importable, forward and gradients against torch in one dedica
 A case's `fn(m, *tensors)` is written once for both libraries: `m` is `hybridnet` or `torch`.
 """
 
+import importlib.util
 import math
 from dataclasses import dataclass
 
@@ -331,7 +332,7 @@ def _dtype_name(dt) -> str:
 
 @pytest.mark.parametrize("case", TORCH_CASES, ids=[c.name for c in TORCH_CASES])
 def test_matches_torch(case):
-    torch = pytest.importorskip("torch")
+    import torch
 
     def to_torch(arrays):
         return [torch.from_numpy(np.array(a)) for a in arrays]
@@ -367,3 +368,7 @@ def test_matches_torch(case):
         actual = np.zeros(arrays[i].shape) if g is None else g._data
         np.testing.assert_allclose(actual, expected, rtol=1e-10, atol=1e-12,
                                    err_msg=f"gradient of input {i}")
+
+
+if importlib.util.find_spec("torch") is None:  # compared with PyTorch only where it is installed
+    del test_matches_torch
