@@ -172,7 +172,8 @@ def _from_disk(program):
         return None
     import numba
 
-    key = hashlib.sha256((text + _versions() + repr(sorted(_options(program).items()))
+    options = {k: sorted(v) if isinstance(v, set) else v for k, v in _options(program).items()}
+    key = hashlib.sha256((text + _versions() + repr(sorted(options.items()))
                           ).encode()).hexdigest()
     path = os.path.join(folder, f"k_{key[:32]}.py")
     try:
