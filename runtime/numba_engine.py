@@ -20,11 +20,6 @@ import time
 
 import numpy as np
 
-# Parallel kernels use Numba's OpenMP pool; its default busy-wait stalls for a whole
-# scheduler slice (~8 ms a call measured here) when another process holds a core, so
-# ask for passive waiting unless the user chose otherwise.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 # Flags that keep IEEE inf/nan semantics (no 'nnan'/'ninf') but let LLVM vectorize
 # reductions and fuse multiply-adds.
 FASTMATH = {"reassoc", "contract", "nsz"}
@@ -70,8 +65,19 @@ class CompiledKernel:
 
 
 def _options(program) -> dict:
-    return dict(error_model="numpy", fastmath=FASTMATH, nogil=True,
-                parallel=bool(getattr(program, "parallel", False)))
+    parallel = bool(getattr(program, "parallel", False))
+    if parallel:
+        _prefer_workqueue()
+    return dict(error_model="numpy", fastmath=FASTMATH, nogil=True, parallel=parallel)
+
+
+def _prefer_workqueue():
+    """Parallel kernels use Numba's 'workqueue' threads unless the user chose a layer:
+    its OpenMP layer busy-waits and stalled ~8 ms a call here whenever another process
+    held a core, and changing OpenMP's settings would also change other libraries'."""
+    import numba
+    if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
+        numba.config.THREADING_LAYER = "workqueue"
 
 
 def compile_program(program) -> CompiledKernel:
