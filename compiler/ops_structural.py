@@ -148,12 +148,12 @@ register(OpDef("permute", 1, lambda x, dims: np.transpose(x, dims), _permute_rul
                attrs=("dims",), traits=_MOVE, saves=_NONE, doc="reorder dims (a view)"))
 register(OpDef("expand", 1, lambda x, shape: np.broadcast_to(x, shape), _expand_rule,
                vjp=(lambda e, g, x, o, a: sum_to(e, g, x[0].shape),),
-               attrs=("shape",), traits=_MOVE, saves=_NONE,
+               attrs=("shape",), traits=_MOVE | {Trait.BROADCAST}, saves=_NONE,
                doc="broadcast to `shape` (a read-only view)"))
 
 
 register(OpDef("detach", 1, lambda x: x, lambda shapes, dtypes: (tuple(shapes[0]), dtypes[0]),
-               traits=_MOVE, saves=_NONE,
+               traits=_MOVE | {Trait.BROADCAST}, saves=_NONE,
                doc="identity that stops gradients (recorded only inside hn.record / tracing)"))
 
 

@@ -24,6 +24,7 @@ class Trait:
     FLOAT_ONLY = "float_only"  # integer/bool inputs are promoted to the default float
     COMPARISON = "comparison"  # bool output, no gradient
     SOURCE = "source"  # graph leaves: inputs and constants
+    BROADCAST = "broadcast"  # out[i] is the input read at i with broadcasting (expand, detach)
 
 
 @dataclass(frozen=True, eq=False)

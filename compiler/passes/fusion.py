@@ -7,20 +7,18 @@ phases inside one loop over the outer dims: each phase is an inner loop that
 computes elementwise values and accumulates reductions whose results later
 phases broadcast back. Other reductions accumulate into a buffer. Every other
 op (matmul, movement, gather...) is a `NodeUnit` of its own.
-Fusion asks the registry's traits, never op names, except `expand` and `detach`,
-whose lowering is a broadcasting read (trait MOVEMENT but elementwise in effect).
+Fusion asks the registry's traits, never op names: ELEMENTWISE ops and BROADCAST
+movements (expand, detach: a broadcasting read) fuse.
 """
 
 from dataclasses import dataclass, field
 
 from ..registry import REGISTRY, Trait
 
-_INDEX_TRANSFORMS = ("expand", "detach")
-
-
 def is_pointwise(node) -> bool:
     """True for ops computed one output element at a time from aligned inputs."""
-    return Trait.ELEMENTWISE in REGISTRY[node.op].traits or node.op in _INDEX_TRANSFORMS
+    traits = REGISTRY[node.op].traits
+    return Trait.ELEMENTWISE in traits or Trait.BROADCAST in traits
 
 
 def is_fusable_reduction(node) -> bool:

@@ -18,7 +18,7 @@ from runtime.cache import SpecializationCache
 from .._state import STATE
 from ..capture import TraceRecorder
 from ..dispatch import node_of
-from ..nn.module import Module
+from ..nn.module import STRUCTURE_VERSION, Module
 from ..tensor import Tensor
 from .build import Untraceable, build
 from .compile import LoweringError, compile_trace
@@ -323,11 +323,17 @@ def _describe_key(flat) -> str:
 
 
 def _module_key(module):
-    mods = tuple((id(m), m.training) for m in module.modules())
-    params = tuple((id(p), p._data.shape, p._data.dtype, p._rg)
-                   for _, p in module.named_parameters())
-    bufs = tuple((id(b), b._data.shape, b._data.dtype) for _, b in module.named_buffers())
-    return (mods, params, bufs)
+    """Module identity, structure and training flags (cached until any module changes),
+    plus each parameter's and buffer's shape, dtype and requires_grad (checked per call)."""
+    cached = module.__dict__.get("_hn_structure")
+    if cached is None or cached[0] != STRUCTURE_VERSION[0]:
+        mods = tuple((id(m), m.training) for m in module.modules())
+        params = [p for _, p in module.named_parameters()]
+        bufs = [b for _, b in module.named_buffers()]
+        ids = (mods, tuple(id(t) for t in params), tuple(id(t) for t in bufs))
+        cached = (STRUCTURE_VERSION[0], ids, params + bufs)
+        object.__setattr__(module, "_hn_structure", cached)
+    return cached[1], tuple((t._data.shape, t._data.dtype, t._rg) for t in cached[2])
 
 
 def _env_names(fn):

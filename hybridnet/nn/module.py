@@ -12,6 +12,10 @@ from .parameter import Parameter
 
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
+# Bumped by every change to any module's attributes, children, parameters, buffers or
+# training flag, so the JIT can cache a module's guard key between such changes.
+STRUCTURE_VERSION = [0]
+
 
 class Module:
     """Base class for layers and models: holds parameters, buffers and sub-modules.
@@ -35,6 +39,7 @@ class Module:
                                  "before assigning parameters or modules")
 
     def __setattr__(self, name, value):
+        STRUCTURE_VERSION[0] += 1
         if isinstance(value, Parameter):
             self._check_init()
             self._drop(name)
@@ -73,6 +78,7 @@ class Module:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __delattr__(self, name):
+        STRUCTURE_VERSION[0] += 1
         if name in self._parameters or name in self._buffers or name in self._modules:
             self._drop(name)
         else:
@@ -80,6 +86,7 @@ class Module:
 
     def register_buffer(self, name: str, tensor, persistent: bool = True):
         """Register a non-learnable tensor (saved in state_dict when persistent)."""
+        STRUCTURE_VERSION[0] += 1
         self._check_init()
         self._drop(name)
         self._buffers[name] = tensor
@@ -90,12 +97,14 @@ class Module:
 
     def register_parameter(self, name: str, param):
         """Register a Parameter (or None) under `name`."""
+        STRUCTURE_VERSION[0] += 1
         self._check_init()
         self._drop(name)
         self._parameters[name] = param
 
     def add_module(self, name: str, module):
         """Register a sub-module under `name`."""
+        STRUCTURE_VERSION[0] += 1
         self._check_init()
         self._drop(name)
         self._modules[name] = module
@@ -199,6 +208,7 @@ class Module:
 
     def train(self, mode: bool = True) -> "Module":
         """Set training mode (affects Dropout, BatchNorm) on the whole tree."""
+        STRUCTURE_VERSION[0] += 1
         for m in self.modules():
             object.__setattr__(m, "training", bool(mode))
         return self
@@ -299,6 +309,7 @@ class ModuleList(Module):
 
     def insert(self, index: int, module) -> None:
         """Insert a module before `index`."""
+        STRUCTURE_VERSION[0] += 1
         mods = list(self._modules.values())
         mods.insert(index, module)
         self._modules.clear()
@@ -310,6 +321,7 @@ class ModuleList(Module):
         return ModuleList(mods[index]) if isinstance(index, slice) else mods[index]
 
     def __setitem__(self, index: int, module):
+        STRUCTURE_VERSION[0] += 1
         key = list(self._modules)[index]
         self._modules[key] = module
 
@@ -335,6 +347,7 @@ class ModuleDict(Module):
         self.add_module(key, module)
 
     def __delitem__(self, key: str):
+        STRUCTURE_VERSION[0] += 1
         del self._modules[key]
 
     def __len__(self) -> int:
