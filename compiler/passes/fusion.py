@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from ..registry import REGISTRY, Trait
 
+
 def is_pointwise(node) -> bool:
     """True for ops computed one output element at a time from aligned inputs."""
     traits = REGISTRY[node.op].traits
