@@ -114,7 +114,9 @@ def _run(outputs, grad_outputs, sink, retain_graph, create_graph, op_name):
     if grad_outputs is None:
         grad_outputs = [None] * len(outputs)
     roots = _root_grads(outputs, list(grad_outputs), op_name)
-    with set_grad_enabled(create_graph):
+    # Gradient rules may meet inf * 0 at the edges of a function's domain (d/dy x**y at
+    # x = 0): the result is masked, so NumPy's warnings are noise here, as in PyTorch.
+    with set_grad_enabled(create_graph), np.errstate(all="ignore"):
         order = autodiff.backward([o._node for o in outputs], roots, EMIT,
                                   _value_of(create_graph), sink, _check_saved)
     if not retain_graph:
