@@ -16,6 +16,8 @@ def flatten(obj, leaves=None):
     if isinstance(obj, Tensor):
         leaves.append(obj)
         return leaves, ("T",)
+    if isinstance(obj, float):  # by bits: 0.0 == -0.0 and nan != nan as keys
+        return leaves, ("F", type(obj), obj.hex())
     if isinstance(obj, _STATIC):
         return leaves, ("S", type(obj).__name__, obj)
     if isinstance(obj, Module):  # e.g. `self` of a traced method: keyed by its state
@@ -44,6 +46,8 @@ def _build(spec, it):
         return next(it)
     if tag == "S":
         return spec[2]
+    if tag == "F":
+        return spec[1](float.fromhex(spec[2]))
     if tag == "M":
         return spec[1]
     if tag == "C":

@@ -12,6 +12,9 @@ a side exit and runs eagerly, and a path seen twice is compiled as well.
 import functools
 import os
 import time
+import types
+
+import numpy as np
 
 from runtime.cache import SpecializationCache
 
@@ -46,6 +49,7 @@ def _make_runner(tg, result, stats):
     arg_index = [s.index for s in sources]
     single = spec[0] == "T"
     wrap = Tensor._wrap
+    targets = frozenset(t for _, t in tg.writebacks)
 
     def run(flat):
         if simple_args:
@@ -54,6 +58,8 @@ def _make_runner(tg, result, stats):
             arrays = _gather(sources, flat)
             if arrays is None:
                 return _STALE
+        if targets and _overlaps(arrays, targets):
+            return _ALIASED
         try:
             if not kernel.compiled:
                 outs = exe.run(arrays)
@@ -76,6 +82,24 @@ def _make_runner(tg, result, stats):
 
 
 _STALE = object()
+_ALIASED = object()
+
+
+def _overlaps(arrays, targets) -> bool:
+    """Does an array updated in place share memory with another input of this call? (The
+    graph gives each input its own buffer; eager code would see the update through it.)"""
+    by_root = {}
+    for i, a in enumerate(arrays):
+        root = a
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        by_root.setdefault(id(root), []).append(i)
+    for group in by_root.values():
+        if len(group) > 1 and not targets.isdisjoint(group):
+            for i in targets.intersection(group):
+                if any(j != i and np.may_share_memory(arrays[i], arrays[j]) for j in group):
+                    return True
+    return False
 
 
 class _Failed:
@@ -130,7 +154,8 @@ class TracedFunction:
         self._fast = {}  # (metas, grad) -> Specialization, for calls with only tensor args
         # globals or closure cells to key on (else, for functions, "plain": only the args)
         self._has_env = self.module is None and bool(
-            self._env_names or getattr(fn, "__closure__", None))
+            self._env_names or getattr(fn, "__closure__", None) or
+            getattr(fn, "__defaults__", None) or getattr(fn, "__kwdefaults__", None))
         self._plain = self.module is None and not self._has_env
         functools.update_wrapper(self, fn if self.module is None else type(fn).forward,
                                  updated=())
@@ -139,7 +164,7 @@ class TracedFunction:
 
     def _key(self, flat, spec):
         metas = tuple((t._data.shape, t._data.dtype, t._rg) for t in flat)
-        key = (spec, metas, STATE.grad)
+        key = (spec, metas, STATE.grad, _same_tensors(flat))
         if self.module is not None:
             return key + (_module_key(self.module),)
         if self._has_env:
@@ -158,7 +183,8 @@ class TracedFunction:
                 metas = tuple([(a._data.shape, a._data.dtype, a._rg) for a in args])
             except AttributeError:
                 metas = None
-            entry = self._fast.get((metas, STATE.grad)) if metas is not None else None
+            entry = self._fast.get((metas, STATE.grad, _same_tensors(args))) \
+                if metas is not None else None
             if entry is not None and entry.traces:
                 stats.hits += 1
                 return self._run_compiled(entry, args, args, kwargs)
@@ -199,7 +225,7 @@ class TracedFunction:
         self.specializations.put(key, entry)
         if self._plain and not kwargs and len(flat) == len(args) and \
                 all(a is t for a, t in zip(args, flat)):
-            self._fast[(key[1], key[2])] = entry
+            self._fast[(key[1], key[2], key[3])] = entry
         kind = "recompile" if len(self.specializations) > 1 else "compile"
         stats.event(kind, _describe_key(flat))
         return self._trace_and_compile(entry, flat, args, kwargs, first=True)
@@ -258,6 +284,9 @@ class TracedFunction:
             if out is _STALE:
                 self._forget(entry)
                 return self._miss(entry.key, list(flat), args, kwargs)
+            if out is _ALIASED:
+                return self._eager(args, kwargs, "an in-place update writes memory that "
+                                   "another input of this call shares; this call runs eagerly")
             if isinstance(out, _Failed):
                 entry.traces.clear()
                 entry.fallback = out.reason
@@ -304,6 +333,15 @@ class TracedFunction:
         return f"<hn.trace {name}: {self.stats}>"
 
 
+def _same_tensors(flat):
+    """None when every tensor argument is a distinct object, else which repeat which (a
+    trace reads a tensor passed twice from one input)."""
+    if len(flat) < 2 or len({id(t) for t in flat}) == len(flat):
+        return None
+    first = {}
+    return tuple(first.setdefault(id(t), i) for i, t in enumerate(flat))
+
+
 def _gather(sources, flat):
     arrays = []
     for src in sources:
@@ -323,17 +361,33 @@ def _describe_key(flat) -> str:
 
 
 def _module_key(module):
-    """Module identity, structure and training flags (cached until any module changes),
-    plus each parameter's and buffer's shape, dtype and requires_grad (checked per call)."""
+    """Module identity, structure, training flags and plain Python attributes (cached until
+    any module attribute is set), plus each parameter's and buffer's shape, dtype and
+    requires_grad and the contents of list/dict attributes (checked per call)."""
     cached = module.__dict__.get("_hn_structure")
     if cached is None or cached[0] != STRUCTURE_VERSION[0]:
         mods = tuple((id(m), m.training) for m in module.modules())
         params = [p for _, p in module.named_parameters()]
         bufs = [b for _, b in module.named_buffers()]
-        ids = (mods, tuple(id(t) for t in params), tuple(id(t) for t in bufs))
-        cached = (STRUCTURE_VERSION[0], ids, params + bufs)
+        attrs, mutable = [], []
+        for m in module.modules():
+            for name, value in m.__dict__.items():
+                if name.startswith("_hn") or name in _MODULE_TABLES:
+                    continue
+                if isinstance(value, (list, dict)):
+                    mutable.append(value)  # may change without a setattr: keyed per call
+                    continue
+                attrs.append((id(m), name, _env_value_key(value, ())))
+        ids = (mods, tuple(id(t) for t in params), tuple(id(t) for t in bufs), tuple(attrs))
+        cached = (STRUCTURE_VERSION[0], ids, params + bufs, tuple(mutable))
         object.__setattr__(module, "_hn_structure", cached)
-    return cached[1], tuple((t._data.shape, t._data.dtype, t._rg) for t in cached[2])
+    metas = tuple((t._data.shape, t._data.dtype, t._rg) for t in cached[2])
+    if cached[3]:
+        return cached[1], metas, tuple(_env_value_key(v, ()) for v in cached[3])
+    return cached[1], metas
+
+
+_MODULE_TABLES = ("_parameters", "_buffers", "_modules", "training")
 
 
 def _env_names(fn):
@@ -343,14 +397,16 @@ def _env_names(fn):
     return tuple(n for n in code.co_names if n in getattr(fn, "__globals__", {}))
 
 
-def _env_key(fn, names):
-    """What the function reads by global name or closure: identities of tensors and
-    modules, and the values of Python scalars and containers of them (baked into a trace
-    as constants, so a new value must trace anew)."""
+def _env_key(fn, names, seen=()):
+    """What the function reads by global name, closure or default argument: identities of
+    tensors and modules, the values of Python scalars and containers of them and of the
+    plain attributes of other objects (baked into a trace as constants, so a new value must
+    trace anew), and the same for helper functions defined beside it."""
     glb = fn.__globals__
+    seen = seen + (fn,)
     parts = []
     for name in names:
-        key = _env_value_key(glb.get(name))
+        key = _env_value_key(glb.get(name), seen, glb)
         if key is not None:
             parts.append((name, key))
     for cell in fn.__closure__ or ():
@@ -358,16 +414,21 @@ def _env_key(fn, names):
             value = cell.cell_contents
         except ValueError:
             continue
-        key = _env_value_key(value)
+        key = _env_value_key(value, seen, glb)
         if key is not None:
             parts.append(key)
+    for defaults in (fn.__defaults__, fn.__kwdefaults__):
+        if defaults:
+            parts.append(("defaults", _env_value_key(defaults, seen, glb)))
     return tuple(parts)
 
 
-_ENV_VALUES = (int, float, bool, str, tuple, list, dict)
+_ENV_VALUES = (int, float, bool, str, tuple, list, dict, type(None))
+_OPAQUE = (type, types.ModuleType, types.BuiltinFunctionType, types.MethodType,
+           functools.partial)
 
 
-def _env_value_key(value):
+def _env_value_key(value, seen, glb=None):
     if isinstance(value, Tensor):
         return id(value)
     if isinstance(value, Module):
@@ -376,8 +437,26 @@ def _env_value_key(value):
         try:
             leaves, spec = flatten(value)
         except Unsupported:
-            return None
+            return ("unsupported", id(value))
         return (spec, tuple(id(t) for t in leaves))
+    if isinstance(value, TracedFunction):  # a traced helper: what it reads counts too
+        if value.module is not None:
+            return _module_key(value.module)
+        value = value.fn
+        glb = getattr(value, "__globals__", None)
+    if isinstance(value, types.FunctionType):
+        # a helper defined beside the traced function: what it reads counts too
+        if glb is None or value.__globals__ is not glb or value in seen or len(seen) > 4:
+            return None
+        return ("fn", id(value), _env_key(value, _env_names(value), seen))
+    if glb is not None and not isinstance(value, _OPAQUE) and \
+            type(value).__module__ in (glb.get("__name__"), "types"):
+        # a plain object of the traced function's module (or a SimpleNamespace): its
+        # attributes may be read as constants
+        attrs = getattr(value, "__dict__", None)
+        if isinstance(attrs, dict):
+            return ("obj", id(value), tuple(
+                (k, _env_value_key(v, seen)) for k, v in attrs.items()))
     return None
 
 
