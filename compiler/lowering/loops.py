@@ -139,31 +139,21 @@ class _Group:
         else:
             self.em.emit(planner.allocate(node, var, shape, node.dtype.name))
 
-    def _buffer_shape(self, node) -> str:
-        dims, keep = node.attrs["dims"], node.attrs["keepdim"]
-        src_rank = len(node.inputs[0].shape)
-        parts = []
-        for j in range(src_rank):
-            if j in dims:
-                if keep:
-                    parts.append("1")
-            else:
-                parts.append(self.dims[j + self.rank - src_rank])
-        parts = parts or ["1"]
-        return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
-
-    def _buffer_index(self, node, idx) -> str:
+    def _reduced(self, node, per_dim, reduced_value) -> list:
+        """One entry per dim of a buffer reduction's result: per_dim(domain dim) for the
+        dims kept, `reduced_value` for reduced dims when keepdim (dropped otherwise)."""
         dims, keep = node.attrs["dims"], node.attrs["keepdim"]
         src_rank = len(node.inputs[0].shape)
         off = self.rank - src_rank
-        parts = []
-        for j in range(src_rank):
-            if j in dims:
-                if keep:
-                    parts.append("0")
-            else:
-                parts.append(idx[j + off])
-        return ", ".join(parts or ["0"])
+        return [reduced_value if j in dims else per_dim(j + off)
+                for j in range(src_rank) if keep or j not in dims]
+
+    def _buffer_shape(self, node) -> str:
+        parts = self._reduced(node, lambda j: self.dims[j], "1") or ["1"]
+        return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+    def _buffer_index(self, node, idx) -> str:
+        return ", ".join(self._reduced(node, lambda j: idx[j], "0") or ["0"])
 
     def emit_full(self, node, idx, depth):
         em, s = self.em, self.ctx.scalar(node)
