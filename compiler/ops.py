@@ -118,14 +118,14 @@ def _cast(x, dtype):
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
 
-def _unary(name, impl, vjp, saves, float_only=True, allow_bool=True, doc=""):
+def _unary(name, impl, vjp, saves, float_only=True, allow_bool=True, doc="", **facts):
     traits = _EWF if float_only else _EW
     register(OpDef(name, 1, impl, _unary_rule(name, float_only, allow_bool), vjp=vjp,
-                   traits=traits, saves=saves, doc=doc))
+                   traits=traits, saves=saves, doc=doc, **facts))
 
 
 _unary("neg", np.negative, (lambda e, g, x, o, a: e("neg", g),), _NONE,
-       float_only=False, allow_bool=False, doc="-x")
+       float_only=False, allow_bool=False, doc="-x", involution=True)
 def _quiet(fn):
     """fn under np.errstate(all='ignore'): log(0) = -inf, exp overflow = inf, silently,
     as PyTorch (only for ops whose edge cases NumPy warns about)."""
@@ -152,12 +152,12 @@ _unary("sign", _sign, (lambda e, g, x, o, a: zeros_like(e, g),), _NONE, float_on
 
 
 def _binary(name, impl, vjp, saves, commutative=False, float_only=False, allow_bool=True,
-            doc=""):
+            doc="", **facts):
     traits = _EWF if float_only else _EW
     if commutative:
         traits = traits | {Trait.COMMUTATIVE}
     register(OpDef(name, 2, impl, _binary_rule(name, None, float_only, allow_bool), vjp=vjp,
-                   traits=traits, saves=saves, doc=doc))
+                   traits=traits, saves=saves, doc=doc, **facts))
 
 
 def _pow_base_grad(e, g, x, o, a):
@@ -184,16 +184,20 @@ def _max_grad(first: bool):
     return rule
 
 
+# identity=0 for add/sub: x + 0 turns -0.0 into 0.0; as compilers do, the zero's sign
+# is treated as free there.
 _binary("add", np.add, (lambda e, g, x, o, a: g, lambda e, g, x, o, a: g), _NONE,
-        commutative=True)
+        commutative=True, identity=0)
 _binary("sub", np.subtract, (lambda e, g, x, o, a: g, lambda e, g, x, o, a: e("neg", g)),
-        _NONE, allow_bool=False)
+        _NONE, allow_bool=False, identity=0)
 _binary("mul", np.multiply, (lambda e, g, x, o, a: e("mul", g, x[1]),
-                             lambda e, g, x, o, a: e("mul", g, x[0])), _IN, commutative=True)
+                             lambda e, g, x, o, a: e("mul", g, x[0])), _IN, commutative=True,
+        identity=1)
 _binary("div", _quiet(np.true_divide), (lambda e, g, x, o, a: e("div", g, x[1]),
                                 lambda e, g, x, o, a: e("neg", e("div", e("mul", g, o), x[1]))),
-        _BOTH, float_only=True)
-_binary("pow", _quiet(_power), (_pow_base_grad, _pow_exponent_grad), _BOTH, allow_bool=False)
+        _BOTH, float_only=True, identity=1)
+_binary("pow", _quiet(_power), (_pow_base_grad, _pow_exponent_grad), _BOTH, allow_bool=False,
+        identity=1)
 _binary("maximum", np.maximum, (_max_grad(True), _max_grad(False)), _IN, commutative=True)
 _binary("minimum", np.minimum, (_max_grad(False), _max_grad(True)), _IN, commutative=True)
 
@@ -213,6 +217,7 @@ register(OpDef(
 register(OpDef(
     "cast", 1, _cast, _cast_rule, attrs=("dtype",),
     vjp=(lambda e, g, x, o, a: e("cast", g, dtype=str(e.dtype(x[0]))),),
-    traits=_EW, saves=_IN, doc="convert to `dtype` (C-style truncation for float -> int)"))
+    traits=_EW, saves=_IN, doc="convert to `dtype` (C-style truncation for float -> int)",
+    noop_same_type=True))
 
 from . import ops_structural  # noqa: E402,F401  (registers the remaining primitives)

@@ -142,14 +142,16 @@ def _inverse(perm):
 
 register(OpDef("reshape", 1, lambda x, shape: np.reshape(x, shape), _reshape_rule,
                vjp=(lambda e, g, x, o, a: e("reshape", g, shape=tuple(x[0].shape)),),
-               attrs=("shape",), traits=_MOVE, saves=_NONE, doc="reshape (a view if possible)"))
+               attrs=("shape",), traits=_MOVE, saves=_NONE, doc="reshape (a view if possible)",
+               composes=True, noop_same_type=True))
 register(OpDef("permute", 1, lambda x, dims: np.transpose(x, dims), _permute_rule,
                vjp=(lambda e, g, x, o, a: e("permute", g, dims=_inverse(a["dims"])),),
                attrs=("dims",), traits=_MOVE, saves=_NONE, doc="reorder dims (a view)"))
 register(OpDef("expand", 1, lambda x, shape: np.broadcast_to(x, shape), _expand_rule,
                vjp=(lambda e, g, x, o, a: sum_to(e, g, x[0].shape),),
                attrs=("shape",), traits=_MOVE | {Trait.BROADCAST}, saves=_NONE,
-               doc="broadcast to `shape` (a read-only view)"))
+               doc="broadcast to `shape` (a read-only view)", composes=True,
+               noop_same_type=True))
 
 
 register(OpDef("detach", 1, lambda x: x, lambda shapes, dtypes: (tuple(shapes[0]), dtypes[0]),
@@ -190,11 +192,11 @@ def _pad_slice_impl(x, shape, index):
 register(OpDef("slice", 1, lambda x, index: x[_slices(index)], _slice_rule,
                vjp=(lambda e, g, x, o, a: e("pad_slice", g, shape=tuple(x[0].shape),
                                             index=a["index"]),),
-               attrs=("index",), traits=_MOVE, saves=_NONE,
+               attrs=("index",), traits=_MOVE, saves=_NONE, noop_same_type=True,
                doc="basic slicing: `index` holds (start, stop, step) per dim, step > 0"))
 register(OpDef("pad_slice", 1, _pad_slice_impl, _pad_slice_rule,
                vjp=(lambda e, g, x, o, a: e("slice", g, index=a["index"]),),
-               attrs=("shape", "index"), traits=_MOVE, saves=_NONE,
+               attrs=("shape", "index"), traits=_MOVE, saves=_NONE, noop_same_type=True,
                doc="zeros of `shape` with the input written at `index` (slice's vjp)"))
 
 

@@ -48,6 +48,11 @@ class OpDef:
     traits: frozenset = field(default_factory=frozenset)
     saves: frozenset = frozenset({"in"})  # which values the vjp reads: "in", "out"
     doc: str = ""
+    # Algebraic facts the simplifier uses (passes ask these, never op names):
+    identity: object = None  # v with op(x, v) == x (and op(v, x) == x if commutative)
+    involution: bool = False  # op(op(x)) == x
+    composes: bool = False  # op(op(x, shape=s1), shape=s2) == op(x, shape=s2)
+    noop_same_type: bool = False  # computes exactly its operand when types match
 
     @property
     def differentiable(self) -> bool:

@@ -2,9 +2,9 @@
 
 Each rule looks at one node and returns what should replace it: one of its
 operands (only when that operand has exactly the node's shape and dtype) or a new
-node of the same type. Rules are stated as small tables of algebraic facts about
-ops (identity elements, involutions, ops that compose); commutativity comes from
-the COMMUTATIVE trait and reductions from the REDUCTION trait. Values that could
+node of the same type. The algebraic facts come from the op registry (`OpDef.identity`,
+`involution`, `composes`, `noop_same_type`, the COMMUTATIVE and REDUCTION traits),
+never from op names. Values that could
 change are never touched: `x * 0` (nan, inf) and `x - x` (nan) stay as they are.
 """
 
@@ -12,22 +12,6 @@ import numpy as np
 
 from ..ir import Graph, Node
 from ..registry import REGISTRY, Trait
-
-# op -> v such that op(x, v) == x; for COMMUTATIVE ops op(v, x) == x as well.
-# (x + 0 turns -0.0 into 0.0; like every compiler we treat the zero's sign as free here.)
-RIGHT_IDENTITY = {"add": 0, "sub": 0, "mul": 1, "div": 1, "pow": 1}
-
-# Unary ops with f(f(x)) == x.
-INVOLUTIONS = frozenset({"neg"})
-
-# Ops with a 'shape' attr where op(op(x, s1), s2) == op(x, s2).
-COMPOSING = frozenset({"reshape", "expand"})
-
-# Ops that compute exactly their operand whenever the result has the operand's shape
-# and dtype: reshape/expand to the same shape, cast to the same dtype, and slice or
-# pad_slice covering everything (in range with step > 0, a slice keeps a dim's size
-# only by taking all of it). Not 'detach': it matters to autodiff.
-NOOP_WHEN_SAME_TYPE = frozenset({"reshape", "expand", "cast", "slice", "pad_slice"})
 
 
 def same_type(a: Node, b: Node) -> bool:
@@ -58,9 +42,9 @@ def _rebuild(node: Node, source: Node, **attrs) -> Node:
 
 def identity_element(node: Node) -> Node | None:
     """x + 0, x - 0, x * 1, x / 1, x ** 1 -> x; also 0 + x, 1 * x (commutative ops)."""
-    if node.op not in RIGHT_IDENTITY:
+    unit = REGISTRY[node.op].identity
+    if unit is None:
         return None
-    unit = RIGHT_IDENTITY[node.op]
     a, b = node.inputs
     if is_const(b, unit) and same_type(a, node):
         return a
@@ -71,7 +55,7 @@ def identity_element(node: Node) -> Node | None:
 
 def involution(node: Node) -> Node | None:
     """neg(neg(x)) -> x."""
-    if node.op in INVOLUTIONS and node.inputs[0].op == node.op:
+    if REGISTRY[node.op].involution and node.inputs[0].op == node.op:
         return _operand_if_same_type(node, node.inputs[0].inputs[0])
     return None
 
@@ -91,14 +75,14 @@ def permute_chain(node: Node) -> Node | None:
 
 def shape_chain(node: Node) -> Node | None:
     """reshape(reshape(x)) -> reshape(x); expand(expand(x)) -> expand(x)."""
-    if node.op in COMPOSING and node.inputs[0].op == node.op:
+    if REGISTRY[node.op].composes and node.inputs[0].op == node.op:
         return _rebuild(node, node.inputs[0].inputs[0])
     return None
 
 
 def noop(node: Node) -> Node | None:
     """reshape/expand to x's shape, cast to x's dtype, a slice of everything -> x."""
-    if node.op in NOOP_WHEN_SAME_TYPE:
+    if REGISTRY[node.op].noop_same_type:
         return _operand_if_same_type(node, node.inputs[0])
     return None
 
