@@ -105,3 +105,12 @@ def test_dead_buffers_are_reused_and_results_stay_right():
     notes = next(iter(traced.specializations.values())).traces[0].result.program.notes
     assert any(n.startswith("buffers reused: ") and not n.endswith(" 0") for n in notes)
     assert " if v" in traced.source and ".shape == (" in traced.source
+
+
+def test_long_float32_sums_accumulate_in_float64():
+    x = hn.tensor(np.random.default_rng(0).standard_normal(1 << 20).astype(np.float32) + 3)
+    f = hn.trace(lambda t: t.var())
+    f(x)
+    ref = np.var(x.numpy().astype(np.float64), ddof=1)
+    assert abs(float(f(x)) - ref) / ref < 1e-6
+    assert "np.float32(r" in f.source  # rounded back to float32 once, at the end

@@ -171,7 +171,9 @@ class _Group:
     def emit_row_node(self, node, row_idx, depth):
         em, s = self.em, self.ctx.scalar(node)
         if node.op in REDUCE_COMBINE:
-            em.emit(f"{s} = r{self.ctx.index[id(node)]}", depth)
+            acc = f"r{self.ctx.index[id(node)]}"
+            em.emit(f"{s} = np.{node.dtype.name}({acc})" if _wide_sum(node) else f"{s} = {acc}",
+                    depth)
         else:
             em.emit(f"{s} = {self.expr(node, row_idx)}", depth)
         if id(node) in self.materialized:
@@ -221,7 +223,8 @@ class _Group:
         reds = [n for n in members if id(n) in g.row_level and n.op in REDUCE_COMBINE]
         rows = [n for n in members if id(n) in g.row_level and n.op not in REDUCE_COMBINE]
         for red in reds:
-            init = self.ctx.const(reduce_identity(red.op, red.dtype), red.dtype)
+            acc_dtype = np.dtype(np.float64) if _wide_sum(red) else red.dtype
+            init = self.ctx.const(reduce_identity(red.op, acc_dtype), acc_dtype)
             em.emit(f"r{self.ctx.index[id(red)]} = {init}", depth)
         inner_depth = depth
         if full or reds:
@@ -236,6 +239,12 @@ class _Group:
                 em.emit(f"{r} = " + REDUCE_COMBINE[red.op].format(acc=r, v=value), inner_depth)
         for node in reds + rows:
             self.emit_row_node(node, row_idx, depth)
+
+
+def _wide_sum(node) -> bool:
+    """float32 row sums accumulate in float64: a long sequential float32 sum loses digits
+    (NumPy sums pairwise); the result is rounded back to float32 once."""
+    return node.op == "sum" and node.dtype == np.float32
 
 
 def emit_group(em, group, units_of):
