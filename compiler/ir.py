@@ -196,19 +196,6 @@ class Graph:
                 table.setdefault(id(inp), []).append(node)
         return table
 
-    def replace_all_uses(self, old: Node, new: Node) -> None:
-        """Make every user (and the outputs) of `old` use `new` instead."""
-        for node in self.nodes:
-            if any(i is old for i in node.inputs):
-                node.inputs = tuple(new if i is old else i for i in node.inputs)
-        self.outputs = [new if o is old else o for o in self.outputs]
-
-    def insert_before(self, anchor: Node, node: Node) -> Node:
-        """Insert `node` into the node list just before `anchor`."""
-        pos = next(i for i, n in enumerate(self.nodes) if n is anchor)
-        self.nodes.insert(pos, node)
-        return node
-
     # -- execution and conversion -------------------------------------------------------
 
     def run(self, *arrays) -> list:

@@ -133,6 +133,11 @@ def _expand_rule(shapes, dtypes, shape):
     return tuple(shape), dtypes[0]
 
 
+def _outer_wins(outer, inner):
+    """reshape/expand of a reshape/expand: only the last target shape matters."""
+    return outer
+
+
 def _inverse(perm):
     inv = [0] * len(perm)
     for i, p in enumerate(perm):
@@ -143,14 +148,17 @@ def _inverse(perm):
 register(OpDef("reshape", 1, lambda x, shape: np.reshape(x, shape), _reshape_rule,
                vjp=(lambda e, g, x, o, a: e("reshape", g, shape=tuple(x[0].shape)),),
                attrs=("shape",), traits=_MOVE, saves=_NONE, doc="reshape (a view if possible)",
-               composes=True, noop_same_type=True))
+               compose=_outer_wins, noop_same_type=True))
 register(OpDef("permute", 1, lambda x, dims: np.transpose(x, dims), _permute_rule,
                vjp=(lambda e, g, x, o, a: e("permute", g, dims=_inverse(a["dims"])),),
-               attrs=("dims",), traits=_MOVE, saves=_NONE, doc="reorder dims (a view)"))
+               attrs=("dims",), traits=_MOVE, saves=_NONE, doc="reorder dims (a view)",
+               compose=lambda outer, inner: {"dims": tuple(inner["dims"][d]
+                                                           for d in outer["dims"])},
+               is_identity=lambda a: tuple(a["dims"]) == tuple(range(len(a["dims"])))))
 register(OpDef("expand", 1, lambda x, shape: np.broadcast_to(x, shape), _expand_rule,
                vjp=(lambda e, g, x, o, a: sum_to(e, g, x[0].shape),),
                attrs=("shape",), traits=_MOVE | {Trait.BROADCAST}, saves=_NONE,
-               doc="broadcast to `shape` (a read-only view)", composes=True,
+               doc="broadcast to `shape` (a read-only view)", compose=_outer_wins,
                noop_same_type=True))
 
 

@@ -51,7 +51,9 @@ class OpDef:
     # Algebraic facts the simplifier uses (passes ask these, never op names):
     identity: object = None  # v with op(x, v) == x (and op(v, x) == x if commutative)
     involution: bool = False  # op(op(x)) == x
-    composes: bool = False  # op(op(x, shape=s1), shape=s2) == op(x, shape=s2)
+    # compose(outer_attrs, inner_attrs) -> attrs with op(op(x, inner), outer) == op(x, attrs)
+    compose: Callable = None
+    is_identity: Callable = None  # is_identity(attrs) -> True when op(x, attrs) == x
     noop_same_type: bool = False  # computes exactly its operand when types match
 
     @property

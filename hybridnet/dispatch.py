@@ -43,12 +43,6 @@ Tensor = None  # set by hybridnet.tensor once the class exists (avoids an import
 _new = object.__new__
 
 
-def _describe_inputs(args) -> str:
-    shapes = [np.shape(a) for a in args]
-    dtypes = [np.asarray(a).dtype if not hasattr(a, "dtype") else a.dtype for a in args]
-    return describe(shapes, dtypes)
-
-
 def _explain(opdef, arrays, attrs, exc):
     shapes = [np.shape(a) for a in arrays]
     dtypes = [np.result_type(a) for a in arrays]

@@ -3,7 +3,7 @@
 Each rule looks at one node and returns what should replace it: one of its
 operands (only when that operand has exactly the node's shape and dtype) or a new
 node of the same type. The algebraic facts come from the op registry (`OpDef.identity`,
-`involution`, `composes`, `noop_same_type`, the COMMUTATIVE and REDUCTION traits),
+`involution`, `compose`, `is_identity`, `noop_same_type`, the COMMUTATIVE and REDUCTION traits),
 never from op names. Values that could
 change are never touched: `x * 0` (nan, inf) and `x - x` (nan) stay as they are.
 """
@@ -60,29 +60,20 @@ def involution(node: Node) -> Node | None:
     return None
 
 
-def permute_chain(node: Node) -> Node | None:
-    """permute(permute(x, p), q) -> permute(x, p[q]); permute(x, identity) -> x."""
-    if node.op != "permute":
-        return None
-    (x,), dims = node.inputs, tuple(node.attrs["dims"])
-    if x.op == "permute":
-        inner = tuple(x.attrs["dims"])
-        return _rebuild(node, x.inputs[0], dims=tuple(inner[d] for d in dims))
-    if dims == tuple(range(len(dims))):
-        return _operand_if_same_type(node, x)
-    return None
-
-
-def shape_chain(node: Node) -> Node | None:
-    """reshape(reshape(x)) -> reshape(x); expand(expand(x)) -> expand(x)."""
-    if REGISTRY[node.op].composes and node.inputs[0].op == node.op:
-        return _rebuild(node, node.inputs[0].inputs[0])
+def chain(node: Node) -> Node | None:
+    """op(op(x, a1), a2) -> op(x, compose(a2, a1)): reshape and expand chains, permutes."""
+    compose = REGISTRY[node.op].compose
+    inner = node.inputs[0] if node.inputs else None
+    if compose is not None and inner.op == node.op:
+        return _rebuild(node, inner.inputs[0], **compose(node.attrs, inner.attrs))
     return None
 
 
 def noop(node: Node) -> Node | None:
-    """reshape/expand to x's shape, cast to x's dtype, a slice of everything -> x."""
-    if REGISTRY[node.op].noop_same_type:
+    """reshape/expand to x's shape, cast to x's dtype, a slice of everything, an identity
+    permute -> x."""
+    opdef = REGISTRY[node.op]
+    if opdef.noop_same_type or (opdef.is_identity is not None and opdef.is_identity(node.attrs)):
         return _operand_if_same_type(node, node.inputs[0])
     return None
 
@@ -94,7 +85,7 @@ def empty_reduction(node: Node) -> Node | None:
     return None
 
 
-RULES = (identity_element, involution, permute_chain, shape_chain, noop, empty_reduction)
+RULES = (identity_element, involution, chain, noop, empty_reduction)
 
 
 def rewrite(node: Node) -> Node | None:
