@@ -129,6 +129,8 @@ def _run(outputs, grad_outputs, sink, retain_graph, create_graph, op_name):
 def backward(tensor, gradient=None, retain_graph=None, create_graph=False, inputs=None):
     """Accumulate d(tensor)/d(leaf) into each leaf's `.grad`."""
     retain = create_graph if retain_graph is None else retain_graph
+    if STATE.recorders:
+        _note_autograd("backward()")
     wanted = None if inputs is None else {id(node_of(t)) for t in inputs}
 
     def sink(node, g):
@@ -141,22 +143,29 @@ def backward(tensor, gradient=None, retain_graph=None, create_graph=False, input
     _run([tensor], [gradient], sink, retain, create_graph, "backward")
 
 
+def _note_autograd(what):
+    from .capture import note_untraceable
+    note_untraceable(f"autograd not compiled yet: the call runs {what}")
+
+
 def _accumulate(leaf, g, create_graph):
     if create_graph:
-        leaf.grad = g if leaf.grad is None else leaf.grad + g
+        leaf._grad = g if leaf._grad is None else leaf._grad + g
         return
     data = g._data
-    if leaf.grad is None:
-        leaf.grad = Tensor._wrap(np.array(data, dtype=leaf._data.dtype, copy=True))
-    elif leaf.grad._rg or leaf.grad._data.shape != data.shape:
-        leaf.grad = Tensor._wrap(leaf.grad._data + data)
+    if leaf._grad is None:
+        leaf._grad = Tensor._wrap(np.array(data, dtype=leaf._data.dtype, copy=True))
+    elif leaf._grad._rg or leaf._grad._data.shape != data.shape:
+        leaf._grad = Tensor._wrap(leaf._grad._data + data)
     else:
-        leaf.grad._data += data
+        leaf._grad._data += data
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False,
          allow_unused=False):
     """Gradients of `outputs` with respect to `inputs`, without touching `.grad`."""
+    if STATE.recorders:
+        _note_autograd("hn.grad()")
     single_out = isinstance(outputs, Tensor)
     outputs = [outputs] if single_out else list(outputs)
     single_in = isinstance(inputs, Tensor)

@@ -37,6 +37,14 @@ class TraceRecorder(Recorder):
         self.guards = []
         self.reasons = []
         self.mutated = []  # tensors rebound by in-place ops, in order
+        # id(tensor) -> [tensor, first event was a read?, value first read, written?, last
+        # value written]: what the call assumed about and did to `.grad`
+        self.grads = {}
+        self.hypers = {}  # id(tensor) -> (param group, key, index): runtime scalar inputs
+        self.item_reads = {}  # (id(dict), key) -> (dict, key, value): settings read
+        self.attr_reads = {}  # (id(obj), name) -> (obj, name, value): containers read
+        self.optimizers = {}  # id -> optimizer whose step ran (guarded by its version)
+        self.versions = None  # (module structure, optimizer writes) counters at entry
 
     # -- hooks called from the tensor layer -------------------------------------------
 
@@ -54,6 +62,26 @@ class TraceRecorder(Recorder):
     def guard(self, t, kind: str, value):
         self.guards.append(ValueGuard(node_of(t), kind, value))
 
+    def note_grad(self, t, value, write):
+        entry = self.grads.get(id(t))
+        if entry is None:
+            entry = self.grads[id(t)] = [t, not write, value, False, None]
+        if write:
+            entry[3], entry[4] = True, value
+
+    def note_hyper(self, t, group, key, index):
+        self.hypers[id(t)] = (group, key, index)
+        self.created[id(t)] = t
+
+    def note_optimizer(self, opt):
+        self.optimizers[id(opt)] = opt
+
+    def note_item(self, mapping, key, value):
+        self.item_reads.setdefault((id(mapping), key), (mapping, key, value))
+
+    def note_attr(self, obj, name, value):
+        self.attr_reads.setdefault((id(obj), name), (obj, name, value))
+
     def rebind(self, tensor, previous):
         super().rebind(tensor, previous)
         self.mutated.append(tensor)
@@ -63,11 +91,28 @@ class TraceRecorder(Recorder):
     def __enter__(self):
         super().__enter__()
         _install_wrap_hook()
+        for install, _ in TRACE_HOOKS:
+            install()
+        self.versions = tuple(counter[0] for counter in VERSION_COUNTERS)
         return self
+
+    def state_changed(self) -> bool:
+        """Did the call change module structure or optimizer state/settings (which a
+        compiled replay would not redo)?"""
+        return self.versions != tuple(counter[0] for counter in VERSION_COUNTERS)
 
     def __exit__(self, *exc):
         _remove_wrap_hook()
+        for _, remove in TRACE_HOOKS:
+            remove()
         return super().__exit__(*exc)
+
+
+# Filled by the layers above: (install, remove) pairs run around every traced call (they
+# turn on the recording of Python-level reads), and process-wide [int] counters bumped by
+# structural changes of modules and optimizers.
+TRACE_HOOKS = []
+VERSION_COUNTERS = []
 
 
 def active():
@@ -120,6 +165,13 @@ def note_untraceable(reason: str) -> None:
     rec = active()
     if rec is not None:
         rec.untraceable(reason)
+
+
+def note_grad(t, value, write: bool) -> None:
+    """Record a read (or write) of `t.grad` while a call is traced."""
+    rec = active()
+    if rec is not None:
+        rec.note_grad(t, value, write)
 
 
 def note_value(t, kind: str, value) -> None:

@@ -58,10 +58,12 @@ def apply(name: str, inputs, attrs=_EMPTY):
     arrays = [x._data if isinstance(x, T) else x for x in inputs]
     try:
         out = opdef.impl(*arrays, **attrs)
+        if out.__class__ is not np.ndarray:
+            out = np.asarray(out)
     except (ValueError, TypeError, IndexError, OverflowError) as exc:
         raise _explain(opdef, arrays, attrs, exc) from exc
     res = _new(T)
-    res._data, res._rg, res.grad, res._node, res._vc = out, False, None, None, None
+    res._data, res._rg, res._grad, res._node, res._vc = out, False, None, None, None
     needs = False
     if STATE.grad and opdef.vjp is not None:
         for x in inputs:
@@ -77,10 +79,12 @@ def _fast(opdef, a, b, da, db):
     """apply() for two same-dtype tensors (or a tensor and a weak Python scalar)."""
     try:
         out = opdef.impl(da, db)
+        if out.__class__ is not np.ndarray:
+            out = np.asarray(out)
     except (ValueError, TypeError, IndexError, OverflowError) as exc:
         raise _explain(opdef, [da, db], _EMPTY, exc) from exc
     res = _new(Tensor)
-    res._data, res._rg, res.grad, res._node, res._vc = out, False, None, None, None
+    res._data, res._rg, res._grad, res._node, res._vc = out, False, None, None, None
     if STATE.recorders or (STATE.grad and (a._rg or (isinstance(b, Tensor) and b._rg))
                            and opdef.vjp is not None):
         if not isinstance(b, Tensor):
@@ -111,7 +115,9 @@ def node_of(x):
         node.value, node.saved, node.ref = arr, (), None
         return node
     node = x._node
-    if node is None:
+    if node is None or (x._rg and not node.requires_grad and STATE.grad):
+        # (the second case: a tensor that requires grad, updated in place under no_grad
+        # while recording; its node is dataflow only, autograd needs a leaf again)
         node = TapeNode("input", (), {}, x._data.shape, x._data.dtype, x._rg)
         node.value, node.saved, node.ref = x._data, (), weakref.ref(x)
         x._node = node
@@ -228,10 +234,12 @@ def unary(name: str, x):
         x = cast(x, cd.DEFAULT_FLOAT)
     try:
         out = opdef.impl(x._data)
+        if out.__class__ is not np.ndarray:
+            out = np.asarray(out)
     except (ValueError, TypeError) as exc:
         raise _explain(opdef, [x._data], _EMPTY, exc) from exc
     res = _new(Tensor)
-    res._data, res._rg, res.grad, res._node, res._vc = out, False, None, None, None
+    res._data, res._rg, res._grad, res._node, res._vc = out, False, None, None, None
     if STATE.recorders or (STATE.grad and x._rg and opdef.vjp is not None):
         record(opdef, (x,), _EMPTY, res, STATE.grad and x._rg and opdef.vjp is not None)
     return res

@@ -67,7 +67,8 @@ def write_result(t, res: Tensor, name: str) -> Tensor:
         for rec in STATE.recorders:
             rec.rebind(t, t._node)
         t._node = res._node
-        t._rg = res._rg
+        if STATE.grad or not t._rg:  # under no_grad a tensor keeps requires_grad (PyTorch)
+            t._rg = res._rg
     return t
 
 
@@ -75,7 +76,7 @@ def binary_(t, name, other, alpha=1):
     """t <- t (op) other, in place."""
     label = name + "_"
     _check_leaf(t, label)
-    if alpha != 1:
+    if not (type(alpha) in (int, float) and alpha == 1):  # (a traced step's alpha: a tensor)
         other = other * alpha
     if _needs_recording(t, other):
         src = t if name in ("add", "sub") else snapshot(t)

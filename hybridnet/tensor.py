@@ -21,20 +21,20 @@ class Tensor:
     tensor([2., 4.], dtype=hn.float32)
     """
 
-    __slots__ = ("_data", "_rg", "grad", "_node", "_vc", "__weakref__")
+    __slots__ = ("_data", "_rg", "_grad", "_node", "_vc", "__weakref__")
     __array_ufunc__ = None  # make NumPy defer to our reflected operators
 
     def __init__(self, data, dtype=None, requires_grad=False):
         from .creation import tensor
         t = tensor(data, dtype=dtype, requires_grad=requires_grad)
-        self._data, self._rg, self.grad, self._node, self._vc = t._data, t._rg, None, None, None
+        self._data, self._rg, self._grad, self._node, self._vc = t._data, t._rg, None, None, None
 
     @classmethod
     def _wrap(cls, data, requires_grad=False, node=None):
         t = object.__new__(cls)
-        t._data = data
+        t._data = data if data.__class__ is np.ndarray else _as_array(data)
         t._rg = requires_grad
-        t.grad = None
+        t._grad = None
         t._node = node
         t._vc = None
         return t
@@ -67,6 +67,22 @@ class Tensor:
         self._data = arr
         self._node = None
         self._vc = None
+
+    @property
+    def grad(self):
+        """The accumulated gradient (a Tensor) or None."""
+        g = self._grad
+        if STATE.recorders:
+            _note_grad(self, g, False)
+        return g
+
+    @grad.setter
+    def grad(self, value):
+        if value is not None and not isinstance(value, Tensor):
+            raise TypeError(f"assigned grad must be a Tensor or None, got {type(value).__name__}")
+        if STATE.recorders:
+            _note_grad(self, value, True)
+        self._grad = value
 
     @property
     def requires_grad(self) -> bool:
@@ -302,6 +318,17 @@ class Tensor:
     def __setitem__(self, index, value):
         from .indexing import setitem
         setitem(self, index, value)
+
+
+def _as_array(data) -> np.ndarray:
+    """0-d results (NumPy scalars) and array subclasses become plain ndarrays."""
+    arr = np.asarray(data)
+    return arr if arr.__class__ is np.ndarray else np.array(arr)
+
+
+def _note_grad(t, value, write):
+    from .capture import note_grad
+    note_grad(t, value, write)
 
 
 def _note_value(t, kind, value):

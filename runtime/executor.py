@@ -1,11 +1,34 @@
 """Run a compiled trace: call the kernel, check value guards, write back updates.
 
-The runtime sees arrays only. A call returns `None` (a side exit) when a value
-guard computed inside the compiled code differs from the value seen while
-tracing; nothing has been written back then, so the caller may rerun eagerly.
+The runtime sees arrays only. `Executable.run` returns the output arrays, or the
+`SIDE_EXIT` outcome when a value guard computed inside the compiled code differs
+from the value seen while tracing; nothing has been written back then, so the
+caller may rerun eagerly. Outcomes are values (`Outcome`), never an in-band None.
 """
 
 import numpy as np
+
+
+class Outcome:
+    """What running a compiled trace gave: `kind` is one of RESULT, SIDE_EXIT, STALE
+    (a guard on state failed: trace again), ALIASED (an in-place update would write
+    memory another input shares), FAILED (the backend rejected the code; `value` says
+    why); for RESULT `value` is the result."""
+
+    __slots__ = ("kind", "value")
+    RESULT, SIDE_EXIT, STALE, ALIASED, FAILED = "result", "side_exit", "stale", "aliased", \
+        "failed"
+
+    def __init__(self, kind: str, value=None):
+        self.kind, self.value = kind, value
+
+    def __repr__(self) -> str:
+        return f"Outcome({self.kind}{'' if self.value is None else ', ...'})"
+
+
+SIDE_EXIT = Outcome(Outcome.SIDE_EXIT)
+STALE = Outcome(Outcome.STALE)
+ALIASED = Outcome(Outcome.ALIASED)
 
 
 class Executable:
@@ -38,7 +61,7 @@ class Executable:
         return arrays
 
     def run(self, arrays):
-        """The user-visible output arrays, or None on a side exit."""
+        """The output arrays (user-visible ones first), or SIDE_EXIT."""
         self.calls += 1
         if self.plain and self.kernel.compiled:
             return (self.kernel.fn(*arrays),) if self.single else self.kernel.fn(*arrays)
@@ -48,7 +71,7 @@ class Executable:
         for index, kind, expected in self.guards:
             if not _guard_holds(outs[index], kind, expected):
                 self.side_exits += 1
-                return None
+                return SIDE_EXIT
         if self.copies:  # before the write-backs, which may update an aliased input
             outs = list(outs)
             for k in self.copies:
@@ -57,7 +80,7 @@ class Executable:
             dest = arrays[target]
             np.copyto(dest, outs[index].reshape(dest.shape))
         scalars = self.scalar_outputs
-        return [o.reshape(()) if i in scalars else o for i, o in enumerate(outs[:self.n_outputs])]
+        return [o.reshape(()) if i in scalars else o for i, o in enumerate(outs)]
 
 
 def _guard_holds(arr, kind, expected) -> bool:

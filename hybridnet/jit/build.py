@@ -7,33 +7,63 @@ tensors, then the values behind each value guard, then the final values of
 tensors updated in place (written back after the kernel runs).
 """
 
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from compiler.ir import Graph, Node
 
+from ..dispatch import node_of
+from .reads import entry_checks
+
 
 class Untraceable(Exception):
-    """The call cannot be replayed from its graph; the message says why."""
+    """The call cannot be replayed from its graph; the message says why.
+
+    `retry`: the reason is this call's own (it changed state that a later call will find
+    settled), so the next call is traced again instead of running eagerly for good.
+    """
+
+    def __init__(self, message, retry=False):
+        super().__init__(message)
+        self.retry = retry
 
 
 @dataclass
 class Source:
-    """Where a graph input comes from at call time."""
+    """Where a graph input comes from at call time.
 
-    kind: str  # "arg" (index into the flat tensor args) or "captured" (weakref)
+    kind "arg": flat tensor argument `index`; "captured": the tensor behind weakref
+    `ref`; "grad": the `.grad` of the tensor `ref` names (a TensorRef); "hyper": the
+    number `group[key]` (or its `index`-th item) of an optimizer's parameter group,
+    `ref` = (weakref(group), key, index), passed as a float64 0-d array.
+    """
+
+    kind: str
     index: int = -1
     ref: object = None
     shape: tuple = ()
     dtype: object = None
+    rg: bool = False
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """A tensor the trace touched: flat argument `index`, or the tensor behind `ref`."""
+
+    index: int = -1
+    ref: object = None
+
+    def resolve(self, flat):
+        return flat[self.index] if self.ref is None else self.ref()
 
 
 @dataclass
 class TraceGraph:
     graph: Graph
     sources: list
-    outputs: list  # per result leaf: ("out", k) | ("arg", i) | ("captured", ref)
+    outputs: list  # per result leaf: ("out", k) | ("arg", i) | ("captured", input pos)
     guards: list  # (output index, kind, value)
     writebacks: list  # (output index, input index)
     n_results: int
@@ -41,6 +71,8 @@ class TraceGraph:
     # per result: True when the eager result shares memory with no input and no other
     # result (the compiled result must not either)
     fresh: list = field(default_factory=list)
+    checks: list = field(default_factory=list)  # reads.Check: what the trace read
+    grad_writes: list = field(default_factory=list)  # (TensorRef, None | output index)
 
 
 class _Builder:
@@ -53,6 +85,9 @@ class _Builder:
         self.inputs, self.sources, self.consts = [], [], []
         self.source_of_tensor = {}  # id(tensor) -> input position
         self.leaf_of_tensor = {}  # id(tensor) -> the leaf node it was first met as
+        # id(grad tensor) -> its owner, for grads the call found in `.grad` on entry
+        self.grad_of = {id(e[2]): e[0] for e in recorder.grads.values()
+                        if e[1] and e[2] is not None}
 
     # -- external values --------------------------------------------------------------
 
@@ -84,8 +119,11 @@ class _Builder:
                               f"neither an argument nor computed inside it ({tape_node.op})")
         return self._leaf(tape_node)
 
+    def tensor_ref(self, t) -> TensorRef:
+        i = next((i for i, a in enumerate(self.flat) if a is t), None)
+        return TensorRef(i) if i is not None else TensorRef(ref=weakref.ref(t))
+
     def _leaf(self, tape_node):
-        import weakref
         t = tape_node.ref() if tape_node.ref is not None else None
         if t is None:
             raise Untraceable("a tensor the function used was freed during the call")
@@ -97,6 +135,10 @@ class _Builder:
             # buffer was replaced (t.data = ...) during the call
             raise Untraceable("the function replaces a tensor's data (t.data = ...); the "
                               "JIT cannot replay that yet")
+        if id(t) in self.rec.hypers:
+            group, key, index = self.rec.hypers[id(t)]
+            return self._add_input(tape_node, Source("hyper", ref=(weakref.ref(group), key, index),
+                                                     shape=(), dtype=t._data.dtype), t)
         if id(t) in self.rec.created:
             if id(t) not in self.rec.literals:
                 raise Untraceable("a tensor was built from values the JIT cannot see (for "
@@ -107,8 +149,14 @@ class _Builder:
             self.mapping[id(tape_node)] = node
             self.consts.append(node)
             return node
-        return self._add_input(tape_node, Source("captured", ref=weakref.ref(t), shape=t.shape,
-                                                 dtype=t._data.dtype), t)
+        return self._add_input(tape_node, self.source_for(t), t)
+
+    def source_for(self, t) -> Source:
+        """How a call finds tensor `t` from outside it (not an argument)."""
+        meta = dict(shape=t.shape, dtype=t._data.dtype, rg=t._rg)
+        if id(t) in self.grad_of:
+            return Source("grad", ref=self.tensor_ref(self.grad_of[id(t)]), **meta)
+        return Source("captured", ref=weakref.ref(t), **meta)
 
     # -- the body ---------------------------------------------------------------------------
 
@@ -134,14 +182,13 @@ def build(recorder, flat_args, arg_nodes, result_leaves) -> TraceGraph:
     """The TraceGraph of a finished recording (call while still inside the recorder)."""
     if recorder.reasons:
         raise Untraceable("; ".join(recorder.reasons))
-    from ..dispatch import node_of
+    if recorder.state_changed():
+        raise Untraceable("the call changed module attributes or optimizer state or settings "
+                          "(an optimizer's first step creates its state); such a call runs "
+                          "eagerly and the next one is traced again", retry=True)
     b = _Builder(recorder, flat_args, arg_nodes)
     body = b.body()
-    out_nodes, outputs = [], []
-    for t in result_leaves:
-        node = b.value(node_of(t))
-        outputs.append(("out", len(out_nodes)))
-        out_nodes.append(node)
+    out_nodes = [b.value(node_of(t)) for t in result_leaves]
     n_results = len(out_nodes)
     guards = []
     for g in recorder.guards:
@@ -150,9 +197,42 @@ def build(recorder, flat_args, arg_nodes, result_leaves) -> TraceGraph:
     if recorder.mutated:
         _check_aliasing(b, recorder, [node_of(t) for t in result_leaves])
     writebacks = _writebacks(b, recorder, out_nodes)
+    grad_writes = _grad_writes(b, recorder, out_nodes)
+    outputs = [_result_source(b, t, k) for k, t in enumerate(result_leaves)]
     graph = Graph(b.inputs + b.consts + body, b.inputs, out_nodes)
     return TraceGraph(graph, b.sources, outputs, guards, writebacks, n_results,
-                      fresh=_fresh_results(b, result_leaves))
+                      fresh=_fresh_results(b, result_leaves),
+                      checks=entry_checks(recorder, b.tensor_ref), grad_writes=grad_writes)
+
+
+def _result_source(b, t, k):
+    """A result that is a tensor from outside the call (an argument, a parameter) is
+    returned as that very object, as eager returns it."""
+    for i, a in enumerate(b.flat):
+        if a is t:
+            return ("arg", i)
+    pos = b.source_of_tensor.get(id(t))
+    if pos is not None and b.sources[pos].kind in ("captured", "grad"):
+        return ("captured", pos)
+    return ("out", k)
+
+
+def _grad_writes(b, recorder, out_nodes):
+    """`.grad` assignments the call made (zero_grad(), p.grad = ...), replayed after the
+    kernel: None, or a value the graph computed."""
+    writes = []
+    for t, _, _, written, value in recorder.grads.values():
+        if not written:
+            continue
+        if value is None:
+            writes.append((b.tensor_ref(t), None))
+            continue
+        if id(value) not in recorder.created and id(node_of(value)) not in b.recorded:
+            raise Untraceable("the call assigns a tensor from outside it to .grad; the JIT "
+                              "cannot replay that yet")
+        writes.append((b.tensor_ref(t), len(out_nodes)))
+        out_nodes.append(b.value(node_of(value)))
+    return writes
 
 
 def _fresh_results(b, result_leaves):
@@ -167,7 +247,6 @@ def _fresh_results(b, result_leaves):
 
 
 def _writebacks(b, recorder, out_nodes):
-    import weakref
     first_node = {}  # id(tensor) -> the node it had before its first in-place update
     for t, previous in recorder._rebound:
         first_node.setdefault(id(t), previous)
@@ -184,14 +263,13 @@ def _writebacks(b, recorder, out_nodes):
         if pos is None:
             arg = next((i for i, a in enumerate(b.flat) if a is t), None)
             source = Source("arg", arg, shape=t.shape, dtype=t._data.dtype) if arg is not None \
-                else Source("captured", ref=weakref.ref(t), shape=t.shape, dtype=t._data.dtype)
+                else b.source_for(t)
             fake = Node("input", (), {}, t.shape, t._data.dtype)
             b.inputs.append(fake)
             b.sources.append(source)
             pos = len(b.inputs) - 1
             b.source_of_tensor[id(t)] = pos
         result.append((len(out_nodes), pos))
-        from ..dispatch import node_of
         out_nodes.append(b.value(node_of(t)))
     return result
 

@@ -21,8 +21,8 @@ def flatten(obj, leaves=None):
     if isinstance(obj, _STATIC):
         return leaves, ("S", type(obj).__name__, obj)
     if isinstance(obj, Module):  # e.g. `self` of a traced method: keyed by its state
-        from .traced import _module_key
-        return leaves, ("M", obj, _module_key(obj))
+        from .keys import module_key
+        return leaves, ("M", obj, module_key(obj))
     if isinstance(obj, (tuple, list)):
         specs = tuple(flatten(item, leaves)[1] for item in obj)
         kind = "list" if isinstance(obj, list) else type(obj)

@@ -1,113 +1,36 @@
 """`hn.trace`: a tracing JIT over eager hybridnet code.
 
-A call is looked up by its static key (tensor shapes, dtypes and requires_grad
-flags, Python scalar values, container structure, grad mode, module state and
-the identity of tensors reached through closures and globals). A miss runs the
-function eagerly while recording it (that call returns the eager result), then
-compiles the recording. A hit runs the compiled kernel, checks the value guards
-it computed, and writes in-place updates back; when a guard fails the call takes
-a side exit and runs eagerly, and a path seen twice is compiled as well.
+A call first tries the generated guard function of each specialization (most recent
+first, `guards.py`); failing those it is looked up by its static key (`keys.py`). A
+miss runs the function eagerly while recording it (that call returns the eager
+result), then compiles the recording. A hit runs the compiled trace (`run.py`), which
+checks what the trace read and the value guards it computed, and writes in-place
+updates back; when a value guard fails the call takes a side exit and runs eagerly,
+and a path seen twice is compiled as well. Every miss, recompile and fallback event
+says what differed.
 """
 
 import functools
 import os
 import time
-import types
-
-import numpy as np
 
 from runtime.cache import SpecializationCache
+from runtime.executor import Outcome
 
 from .._state import STATE
 from ..capture import TraceRecorder
 from ..dispatch import node_of
 from ..nn.module import STRUCTURE_VERSION, Module
-from ..tensor import Tensor
 from .build import Untraceable, build
 from .compile import LoweringError, compile_trace
-from .pytree import Unsupported, flatten, unflatten
+from .guards import make_guard
+from .keys import describe_key_difference, env_key, env_names, module_key, same_tensors
+from .pytree import Unsupported, flatten
+from .run import Trace
 from .stats import Stats
 
 HOT_PATH_THRESHOLD = 2  # a side-exit path seen this often gets compiled
-
-
-class Trace:
-    """One compiled path of a specialization."""
-
-    def __init__(self, tg, result, stats):
-        self.tg = tg
-        self.result = result
-        self.path = tuple(g[2] for g in tg.guards)
-        self.run = _make_runner(tg, result, stats)
-
-
-def _make_runner(tg, result, stats):
-    """A closure running this trace on the flat tensor args: result, or None (side exit)."""
-    exe, kernel = result.executable, result.kernel
-    sources, spec = tg.sources, tg.result_spec
-    simple_args = all(s.kind == "arg" for s in sources)
-    arg_index = [s.index for s in sources]
-    single = spec[0] == "T"
-    wrap = Tensor._wrap
-    targets = frozenset(t for _, t in tg.writebacks)
-
-    def run(flat):
-        if simple_args:
-            arrays = [flat[i]._data for i in arg_index]
-        else:
-            arrays = _gather(sources, flat)
-            if arrays is None:
-                return _STALE
-        if targets and _overlaps(arrays, targets):
-            return _ALIASED
-        try:
-            if not kernel.compiled:
-                outs = exe.run(arrays)
-                stats.compile_seconds += kernel.compile_seconds + result.seconds
-            else:
-                outs = exe.run(arrays)
-        except Exception as exc:  # only Numba's own errors are caught
-            if not type(exc).__module__.startswith("numba."):
-                raise
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            return _Failed(f"the numba backend could not compile this trace "
-                           f"({type(exc).__name__}: {first[:200]})")
-        if outs is None:
-            return None
-        stats.compiled_calls += 1
-        if single:
-            return wrap(outs[0])
-        return unflatten(spec, [wrap(outs[k]) for _, k in tg.outputs])
-    return run
-
-
-_STALE = object()
-_ALIASED = object()
-
-
-def _overlaps(arrays, targets) -> bool:
-    """Does an array updated in place share memory with another input of this call? (The
-    graph gives each input its own buffer; eager code would see the update through it.)"""
-    by_root = {}
-    for i, a in enumerate(arrays):
-        root = a
-        while isinstance(root.base, np.ndarray):
-            root = root.base
-        by_root.setdefault(id(root), []).append(i)
-    for group in by_root.values():
-        if len(group) > 1 and not targets.isdisjoint(group):
-            for i in targets.intersection(group):
-                if any(j != i and np.may_share_memory(arrays[i], arrays[j]) for j in group):
-                    return True
-    return False
-
-
-class _Failed:
-    """What a runner returns when Numba rejects the generated code (the call runs eagerly)."""
-
-    def __init__(self, reason):
-        self.reason = reason
-
+STALE_LIMIT = 4  # a key whose traces go stale this often runs eagerly
 
 try:
     _ENV = os.environ._data  # the encoded dict behind os.environ (POSIX): a cheap lookup
@@ -131,7 +54,8 @@ class Specialization:
         self.traces = []
         self.path_counts = {}
         self.fallback = None  # reason this key runs eagerly
-        self.result_spec = None
+        self.guard = None  # generated hit test (guards.py), once a trace compiled
+        self.version = None  # its STRUCTURE_VERSION cell
 
 
 class TracedFunction:
@@ -150,25 +74,27 @@ class TracedFunction:
         self.backend, self.dynamic, self.cache_limit = backend, dynamic, cache_limit
         self.stats = Stats()
         self.specializations = SpecializationCache(cache_limit)
-        self._env_names = _env_names(fn) if self.module is None else ()
-        self._fast = {}  # (metas, grad) -> Specialization, for calls with only tensor args
-        # globals or closure cells to key on (else, for functions, "plain": only the args)
-        self._has_env = self.module is None and bool(
-            self._env_names or getattr(fn, "__closure__", None) or
-            getattr(fn, "__defaults__", None) or getattr(fn, "__kwdefaults__", None))
-        self._plain = self.module is None and not self._has_env
-        functools.update_wrapper(self, fn if self.module is None else type(fn).forward,
-                                 updated=())
+        self._env_fn = _forward_function(fn) if self.module is not None else fn
+        self._env_names = env_names(self._env_fn) if self._env_fn is not None else ()
+        self._has_env = self._env_fn is not None and bool(
+            self._env_names or getattr(self._env_fn, "__closure__", None) or
+            getattr(self._env_fn, "__defaults__", None) or
+            getattr(self._env_fn, "__kwdefaults__", None))
+        self._hot = []  # specializations with a guard function, most recently hit first
+        self._stale = {}  # key -> how often its traces went stale
+        self._hn_traced_fn = self
+        if self.module is None:
+            functools.update_wrapper(self, fn, updated=())
 
     # -- keys -------------------------------------------------------------------------------
 
     def _key(self, flat, spec):
         metas = tuple((t._data.shape, t._data.dtype, t._rg) for t in flat)
-        key = (spec, metas, STATE.grad, _same_tensors(flat))
+        key = (spec, metas, STATE.grad, same_tensors(flat))
         if self.module is not None:
-            return key + (_module_key(self.module),)
+            key += (module_key(self.module),)
         if self._has_env:
-            return key + (_env_key(self.fn, self._env_names),)
+            key += (env_key(self._env_fn, self._env_names),)
         return key
 
     # -- calling ---------------------------------------------------------------------------
@@ -178,16 +104,17 @@ class TracedFunction:
         stats.calls += 1
         if jit_disabled():
             return self._eager(args, kwargs)
-        if self._plain and not kwargs:
+        for entry in self._hot:
             try:
-                metas = tuple([(a._data.shape, a._data.dtype, a._rg) for a in args])
-            except AttributeError:
-                metas = None
-            entry = self._fast.get((metas, STATE.grad, _same_tensors(args))) \
-                if metas is not None else None
-            if entry is not None and entry.traces:
+                flat = entry.guard(args, kwargs)
+            except Exception:  # noqa: BLE001  (e.g. a closure cell emptied: the slow path)
+                flat = None
+            if flat is not None:
                 stats.hits += 1
-                return self._run_compiled(entry, args, args, kwargs)
+                return self._run_compiled(entry, flat, args, kwargs)
+        return self._slow_call(args, kwargs)
+
+    def _slow_call(self, args, kwargs):
         try:
             flat, spec = flatten((args, kwargs))
         except Unsupported as exc:
@@ -201,7 +128,10 @@ class TracedFunction:
             return self._miss(key, flat, args, kwargs)
         if entry.fallback is not None:
             return self._eager(args, kwargs)
-        stats.hits += 1
+        self.stats.hits += 1
+        if entry.version is not None:
+            entry.version[0] = STRUCTURE_VERSION[0]  # the key says the structure is the same
+            self._promote(entry)
         return self._run_compiled(entry, flat, args, kwargs)
 
     def _eager(self, args, kwargs, reason=None):
@@ -214,37 +144,46 @@ class TracedFunction:
     def _miss(self, key, flat, args, kwargs):
         stats = self.stats
         stats.misses += 1
-        allowed, why = self.specializations.admit()
-        if why:
-            stats.event("cache_limit", why)
-            self._fast = {k: v for k, v in self._fast.items()
-                          if v.key in self.specializations.entries}
+        why = self._difference(key)
+        allowed, evicted = self.specializations.admit()
+        if evicted:
+            stats.event("cache_limit", evicted)
+            self._hot = [e for e in self._hot if e.key in self.specializations.entries]
         if not allowed:
-            return self._eager(args, kwargs, f"cache_limit={self.cache_limit} reached")
+            return self._eager(args, kwargs, f"cache_limit={self.cache_limit} reached "
+                               f"(this call differs in {why})")
         entry = Specialization(key)
         self.specializations.put(key, entry)
-        if self._plain and not kwargs and len(flat) == len(args) and \
-                all(a is t for a, t in zip(args, flat)):
-            self._fast[(key[1], key[2], key[3])] = entry
         kind = "recompile" if len(self.specializations) > 1 else "compile"
-        stats.event(kind, _describe_key(flat))
+        stats.event(kind, f"new specialization: {why}")
         return self._trace_and_compile(entry, flat, args, kwargs, first=True)
 
+    def _difference(self, key) -> str:
+        """What differs from the most recently used specialization."""
+        entries = list(self.specializations.entries)
+        if not entries:
+            return "first call " + (_describe_inputs(key) or "(no tensor inputs)")
+        return describe_key_difference(key, entries[-1])
+
     def _trace_and_compile(self, entry, flat, args, kwargs, first):
-        result, tg_or_reason = self._record(flat, args, kwargs)
-        if isinstance(tg_or_reason, str):
-            if first:
-                entry.fallback = tg_or_reason
+        result, tg_or_exc = self._record(flat, args, kwargs)
+        if isinstance(tg_or_exc, Exception):
+            reason = str(tg_or_exc)
+            if getattr(tg_or_exc, "retry", False):
+                self._forget(entry)
+                self.stats.event("eager", reason)
+            elif first:
+                entry.fallback = reason
                 self.stats.fallbacks += 1
-                self.stats.event("fallback", tg_or_reason)
+                self.stats.event("fallback", reason)
             self.stats.eager_calls += 1
             return result
-        tg = tg_or_reason
+        tg = tg_or_exc
         path = tuple(g[2] for g in tg.guards)
         count = entry.path_counts.get(path, 0) + 1
         entry.path_counts[path] = count
         if first or count >= HOT_PATH_THRESHOLD:
-            self._compile_into(entry, tg)
+            self._compile_into(entry, tg, args, kwargs, flat)
         self.stats.eager_calls += 1
         return result
 
@@ -259,15 +198,16 @@ class TracedFunction:
                 tg = build(rec, flat, arg_nodes, leaves)
                 tg.result_spec = spec
             except (Untraceable, Unsupported) as exc:
-                tg = str(exc)
+                tg = exc
         self.stats.trace_seconds += time.perf_counter() - start
         return result, tg
 
-    def _compile_into(self, entry, tg):
+    def _compile_into(self, entry, tg, args, kwargs, flat):
         try:
             res = compile_trace(tg, self.dynamic)
         except LoweringError as exc:
             entry.fallback = str(exc)
+            self._hot = [e for e in self._hot if e is not entry]
             self.stats.fallbacks += 1
             self.stats.event("fallback", str(exc))
             return
@@ -277,27 +217,54 @@ class TracedFunction:
         else:
             self.stats.compiles += 1
         entry.traces.append(Trace(tg, res, self.stats))
+        if entry.guard is None:
+            entry.guard, entry.version = make_guard(
+                args, kwargs, entry.key, fn=self._env_fn if self._has_env else None,
+                module=self.module, same=entry.key[3])
+            self._promote(entry)
+
+    def _promote(self, entry):
+        if self._hot and self._hot[0] is entry:
+            return
+        self._hot = [entry] + [e for e in self._hot if e is not entry][:self.cache_limit - 1]
 
     def _run_compiled(self, entry, flat, args, kwargs):
         for trace in entry.traces:
             out = trace.run(flat)
-            if out is _STALE:
-                self._forget(entry)
-                return self._miss(entry.key, list(flat), args, kwargs)
-            if out is _ALIASED:
+            kind = out.kind
+            if kind is Outcome.RESULT:
+                return out.value
+            if kind is Outcome.SIDE_EXIT:
+                continue
+            if kind is Outcome.STALE:
+                return self._stale_trace(entry, trace, flat, args, kwargs)
+            if kind is Outcome.ALIASED:
                 return self._eager(args, kwargs, "an in-place update writes memory that "
                                    "another input of this call shares; this call runs eagerly")
-            if isinstance(out, _Failed):
-                entry.traces.clear()
-                entry.fallback = out.reason
-                self.stats.fallbacks += 1
-                self.stats.event("fallback", out.reason)
-                return self._eager(args, kwargs)
-            if out is not None:
-                return out
+            entry.traces.clear()  # FAILED
+            entry.fallback = out.value
+            self._hot = [e for e in self._hot if e is not entry]
+            self.stats.fallbacks += 1
+            self.stats.event("fallback", out.value)
+            return self._eager(args, kwargs)
         self.stats.side_exits += 1
         self.stats.event("side_exit", "a value guard failed; this call runs eagerly")
         return self._trace_and_compile(entry, flat, args, kwargs, first=False)
+
+    def _stale_trace(self, entry, trace, flat, args, kwargs):
+        """A guard on what the trace read failed: trace again (or, when that keeps
+        happening for this key, run it eagerly)."""
+        why = trace.failed_check(flat)
+        count = self._stale.get(entry.key, 0) + 1
+        self._stale[entry.key] = count
+        self._forget(entry)
+        if count > STALE_LIMIT:
+            entry = Specialization(entry.key)
+            entry.fallback = f"{why}, {count} times: this call signature now runs eagerly"
+            self.specializations.put(entry.key, entry)
+            return self._eager(args, kwargs, entry.fallback)
+        self.stats.event("stale", why)
+        return self._miss(entry.key, list(flat), args, kwargs)
 
     # -- inspection ---------------------------------------------------------------------
 
@@ -317,11 +284,16 @@ class TracedFunction:
         """LLVM IR of the most recent compiled specialization (after its first run)."""
         return self._latest_kernel().llvm_ir
 
+    @property
+    def guard_source(self) -> str:
+        """The generated guard function of the most recently hit specialization."""
+        if not self._hot:
+            raise RuntimeError("nothing compiled yet: call the traced function (twice) first")
+        return self._hot[0].guard.source
+
     def _forget(self, entry):
         self.specializations.pop(entry.key)
-        for k, v in list(self._fast.items()):
-            if v is entry:
-                del self._fast[k]
+        self._hot = [e for e in self._hot if e is not entry]
 
     def __get__(self, obj, objtype=None):
         if obj is None:
@@ -333,138 +305,38 @@ class TracedFunction:
         return f"<hn.trace {name}: {self.stats}>"
 
 
-def _same_tensors(flat):
-    """None when every tensor argument is a distinct object, else which repeat which (a
-    trace reads a tensor passed twice from one input)."""
-    if len(flat) < 2 or len({id(t) for t in flat}) == len(flat):
-        return None
-    first = {}
-    return tuple(first.setdefault(id(t), i) for i, t in enumerate(flat))
+class TracedModule(TracedFunction):
+    """`hn.trace(module)`: calls run the traced forward; everything else (attributes,
+    `parameters()`, `train()`, `eval()`, `state_dict()`, ...) is the module's own."""
+
+    def __getattr__(self, name):
+        # only reached for names the traced wrapper does not define itself
+        if name.startswith("__") or "module" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["module"], name)
+
+    def __repr__(self) -> str:
+        return f"hn.trace({self.module!r})"
 
 
-def _gather(sources, flat):
-    arrays = []
-    for src in sources:
-        if src.kind == "arg":
-            arrays.append(flat[src.index]._data)
-            continue
-        t = src.ref()
-        if t is None or t._data.shape != src.shape or t._data.dtype != src.dtype:
-            return None
-        arrays.append(t._data)
-    return arrays
+def _forward_function(module):
+    forward = getattr(type(module), "forward", None)
+    return getattr(forward, "__func__", forward) if callable(forward) else None
 
 
-def _describe_key(flat) -> str:
-    shapes = ", ".join(f"{t._data.dtype}{list(t._data.shape)}" for t in flat)
-    return f"new specialization for inputs ({shapes})"
-
-
-def _module_key(module):
-    """Module identity, structure, training flags and plain Python attributes (cached until
-    any module attribute is set), plus each parameter's and buffer's shape, dtype and
-    requires_grad and the contents of list/dict attributes (checked per call)."""
-    cached = module.__dict__.get("_hn_structure")
-    if cached is None or cached[0] != STRUCTURE_VERSION[0]:
-        mods = tuple((id(m), m.training) for m in module.modules())
-        params = [p for _, p in module.named_parameters()]
-        bufs = [b for _, b in module.named_buffers()]
-        attrs, mutable = [], []
-        for m in module.modules():
-            for name, value in m.__dict__.items():
-                if name.startswith("_hn") or name in _MODULE_TABLES:
-                    continue
-                if isinstance(value, (list, dict)):
-                    mutable.append(value)  # may change without a setattr: keyed per call
-                    continue
-                attrs.append((id(m), name, _env_value_key(value, ())))
-        ids = (mods, tuple(id(t) for t in params), tuple(id(t) for t in bufs), tuple(attrs))
-        cached = (STRUCTURE_VERSION[0], ids, params + bufs, tuple(mutable))
-        object.__setattr__(module, "_hn_structure", cached)
-    metas = tuple((t._data.shape, t._data.dtype, t._rg) for t in cached[2])
-    if cached[3]:
-        return cached[1], metas, tuple(_env_value_key(v, ()) for v in cached[3])
-    return cached[1], metas
-
-
-_MODULE_TABLES = ("_parameters", "_buffers", "_modules", "training")
-
-
-def _env_names(fn):
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return ()
-    return tuple(n for n in code.co_names if n in getattr(fn, "__globals__", {}))
-
-
-def _env_key(fn, names, seen=()):
-    """What the function reads by global name, closure or default argument: identities of
-    tensors and modules, the values of Python scalars and containers of them and of the
-    plain attributes of other objects (baked into a trace as constants, so a new value must
-    trace anew), and the same for helper functions defined beside it."""
-    glb = fn.__globals__
-    seen = seen + (fn,)
-    parts = []
-    for name in names:
-        key = _env_value_key(glb.get(name), seen, glb)
-        if key is not None:
-            parts.append((name, key))
-    for cell in fn.__closure__ or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:
-            continue
-        key = _env_value_key(value, seen, glb)
-        if key is not None:
-            parts.append(key)
-    for defaults in (fn.__defaults__, fn.__kwdefaults__):
-        if defaults:
-            parts.append(("defaults", _env_value_key(defaults, seen, glb)))
-    return tuple(parts)
-
-
-_ENV_VALUES = (int, float, bool, str, tuple, list, dict, type(None))
-_OPAQUE = (type, types.ModuleType, types.BuiltinFunctionType, types.MethodType,
-           functools.partial)
-
-
-def _env_value_key(value, seen, glb=None):
-    if isinstance(value, Tensor):
-        return id(value)
-    if isinstance(value, Module):
-        return _module_key(value)
-    if isinstance(value, _ENV_VALUES):
-        try:
-            leaves, spec = flatten(value)
-        except Unsupported:
-            return ("unsupported", id(value))
-        return (spec, tuple(id(t) for t in leaves))
-    if isinstance(value, TracedFunction):  # a traced helper: what it reads counts too
-        if value.module is not None:
-            return _module_key(value.module)
-        value = value.fn
-        glb = getattr(value, "__globals__", None)
-    if isinstance(value, types.FunctionType):
-        # a helper defined beside the traced function: what it reads counts too
-        if glb is None or value.__globals__ is not glb or value in seen or len(seen) > 4:
-            return None
-        return ("fn", id(value), _env_key(value, _env_names(value), seen))
-    if glb is not None and not isinstance(value, _OPAQUE) and \
-            type(value).__module__ in (glb.get("__name__"), "types"):
-        # a plain object of the traced function's module (or a SimpleNamespace): its
-        # attributes may be read as constants
-        attrs = getattr(value, "__dict__", None)
-        if isinstance(attrs, dict):
-            return ("obj", id(value), tuple(
-                (k, _env_value_key(v, seen)) for k, v in attrs.items()))
-    return None
+def _describe_inputs(key) -> str:
+    metas = key[1] if isinstance(key, tuple) and len(key) > 1 else ()
+    shapes = ", ".join(f"{dt}{list(shape)}" for shape, dt, _ in metas)
+    return f"(inputs {shapes})" if shapes else ""
 
 
 def trace(fn=None, *, backend="numba", dynamic=None, cache_limit=8):
     """Compile `fn` (a function of tensors, or an hn.nn.Module) with the tracing JIT.
 
-    Use as `@hn.trace`, `@hn.trace(cache_limit=4)` or `hn.trace(model)`.
+    Use as `@hn.trace`, `@hn.trace(cache_limit=4)` or `hn.trace(model)`; a traced module
+    still behaves as the module (attributes, `parameters()`, `train()`... pass through).
     """
     if fn is None:
-        return lambda f: TracedFunction(f, backend, dynamic, cache_limit)
-    return TracedFunction(fn, backend, dynamic, cache_limit)
+        return lambda f: trace(f, backend=backend, dynamic=dynamic, cache_limit=cache_limit)
+    cls = TracedModule if isinstance(fn, Module) else TracedFunction
+    return cls(fn, backend, dynamic, cache_limit)

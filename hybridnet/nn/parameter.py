@@ -15,7 +15,7 @@ class Parameter(Tensor):
         import numpy as np
         arr = np.zeros((0,), np.float32) if data is None else (
             data._data if isinstance(data, Tensor) else np.asarray(data))
-        self._data, self.grad, self._node, self._vc = arr, None, None, None
+        self._data, self._grad, self._node, self._vc = arr, None, None, None
         self._rg = False
         if requires_grad:
             self.requires_grad_(True)

@@ -5,13 +5,15 @@ import numpy as np
 
 from ..functional import maximum, sqrt
 from ..tensor import Tensor
-from .optimizer import Optimizer
+from .optimizer import Optimizer, _get
+from .tracked import hyper
 
 
 class Adam(Optimizer):
     """Adam with bias correction; optional L2 weight_decay and amsgrad."""
 
     _decoupled = False
+    hyper_keys = ("lr", "betas", "eps", "weight_decay")
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                  amsgrad=False, maximize=False):
@@ -32,10 +34,10 @@ class Adam(Optimizer):
 
     def _update(self, p, grad, state, group):
         if not state:
-            self._init_state(p, state, group["amsgrad"])
-        beta1, beta2 = group["betas"]
-        lr, wd = group["lr"], group["weight_decay"]
-        g = -grad if group["maximize"] else grad
+            self._init_state(p, state, _get(group, "amsgrad"))
+        beta1, beta2 = hyper(group, "betas")
+        lr, wd = hyper(group, "lr"), hyper(group, "weight_decay")
+        g = -grad if _get(group, "maximize") else grad
         if wd and self._decoupled:
             p.mul_(1 - lr * wd)
         elif wd:
@@ -47,10 +49,10 @@ class Adam(Optimizer):
         bias1 = 1 - beta1 ** step
         bias2 = 1 - beta2 ** step
         second = exp_avg_sq
-        if group["amsgrad"]:
+        if _get(group, "amsgrad"):
             state["max_exp_avg_sq"].copy_(maximum(state["max_exp_avg_sq"], exp_avg_sq))
             second = state["max_exp_avg_sq"]
-        denom = sqrt(second) / sqrt(bias2) + group["eps"]
+        denom = sqrt(second) / sqrt(bias2) + hyper(group, "eps")
         p.sub_(exp_avg / denom * (lr / bias1))
 
 

@@ -5,13 +5,27 @@ import copy
 import numpy as np
 
 from ..autograd import no_grad
+from ..capture import active
 from ..tensor import Tensor
+from .tracked import ParamGroup, StateDict, bump
+
+
+def _get(group, key):
+    return dict.__getitem__(group, key)
 
 
 class Optimizer:
-    """Base class: `params` is an iterable of tensors or of dicts (parameter groups)."""
+    """Base class: `params` is an iterable of tensors or of dicts (parameter groups).
+
+    Parameter groups and state are versioned dicts (`hybridnet.optim.tracked`): the JIT
+    guards a traced step on the version; float settings named in `hyper_keys` are read
+    afresh at every compiled call instead.
+    """
+
+    hyper_keys = ("lr",)
 
     def __init__(self, params, defaults: dict):
+        object.__setattr__(self, "_hn_version", [0])
         self.defaults = dict(defaults)
         self.state = {}
         self.param_groups = []
@@ -40,16 +54,24 @@ class Optimizer:
         group["params"] = params
         for key, value in self.defaults.items():
             group.setdefault(key, value)
-        self.param_groups.append(group)
+        self.param_groups.append(ParamGroup(group, self._hn_version, self.hyper_keys))
+        bump(self._hn_version)
+
+    def __setattr__(self, name, value):
+        if name == "state" and not isinstance(value, StateDict):
+            value = StateDict(self._hn_version, value)
+        object.__setattr__(self, name, value)
+        bump(self._hn_version)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset gradients of every parameter."""
         for group in self.param_groups:
-            for p in group["params"]:
+            for p in _get(group, "params"):
                 if set_to_none:
                     p.grad = None
                 elif p.grad is not None:
-                    p.grad._data[...] = 0
+                    with no_grad():
+                        p.grad.zero_()
 
     def step(self, closure=None):
         """Apply one update (implemented by subclasses in `_update`)."""
@@ -58,11 +80,18 @@ class Optimizer:
             from ..autograd import enable_grad
             with enable_grad():
                 loss = closure()
+        rec = active()
+        if rec is not None:
+            rec.note_optimizer(self)
         with no_grad():
             for group in self.param_groups:
-                for p in group["params"]:
-                    if p.grad is not None:
-                        self._update(p, p.grad, self.state.setdefault(p, {}), group)
+                for p in _get(group, "params"):
+                    grad = p.grad
+                    if grad is not None:
+                        state = self.state.get(p)
+                        if state is None:
+                            state = self.state[p] = StateDict(self._hn_version)
+                        self._update(p, grad, state, group)
         return loss
 
     def _update(self, p, grad, state, group):
@@ -103,12 +132,14 @@ class Optimizer:
                 if k != "params":
                     mine[k] = copy.deepcopy(v)
             by_index.update(zip(saved["params"], mine["params"]))
-        self.state = {}
+        state = {}
         for key, entry in state_dict["state"].items():
             p = by_index.get(int(key))
             if p is None:
                 raise ValueError(f"loaded state refers to unknown parameter index {key}")
-            self.state[p] = {k: self._restore(v, p, k) for k, v in entry.items()}
+            state[p] = StateDict(self._hn_version,
+                                 {k: self._restore(v, p, k) for k, v in entry.items()})
+        self.state = state
 
     @staticmethod
     def _restore(value, p, key):

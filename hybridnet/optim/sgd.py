@@ -1,10 +1,13 @@
 """Stochastic gradient descent with momentum, dampening, Nesterov and weight decay."""
 
-from .optimizer import Optimizer
+from .optimizer import Optimizer, _get
+from .tracked import hyper
 
 
 class SGD(Optimizer):
     """torch.optim.SGD's update rule, written with in-place tensor ops."""
+
+    hyper_keys = ("lr", "momentum", "dampening", "weight_decay")
 
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
                  nesterov=False, maximize=False):
@@ -18,15 +21,16 @@ class SGD(Optimizer):
                                       maximize=maximize))
 
     def _update(self, p, grad, state, group):
-        d_p = -grad if group["maximize"] else grad
-        if group["weight_decay"]:
-            d_p = d_p + p * group["weight_decay"]
-        momentum = group["momentum"]
+        d_p = -grad if _get(group, "maximize") else grad
+        weight_decay = hyper(group, "weight_decay")
+        if weight_decay:
+            d_p = d_p + p * weight_decay
+        momentum = hyper(group, "momentum")
         if momentum:
             buf = state.get("momentum_buffer")
             if buf is None:
                 buf = state["momentum_buffer"] = d_p.clone().detach()
             else:
-                buf.mul_(momentum).add_(d_p, alpha=1 - group["dampening"])
-            d_p = d_p + buf * momentum if group["nesterov"] else buf
-        p.add_(d_p, alpha=-group["lr"])
+                buf.mul_(momentum).add_(d_p, alpha=1 - hyper(group, "dampening"))
+            d_p = d_p + buf * momentum if _get(group, "nesterov") else buf
+        p.add_(d_p, alpha=-hyper(group, "lr"))

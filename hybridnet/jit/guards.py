@@ -1,0 +1,149 @@
+"""One generated guard function per specialization: the fast hit test.
+
+`make_guard(...)` writes a small Python function, in the spirit of Dynamo's guard
+functions, that checks in one pass everything the specialization's static key says
+about a call (argument structure, Python values, tensor shapes, dtypes and
+requires_grad flags, which arguments are the same tensor, grad mode, module structure,
+what the function reaches by name) and returns the flat tensor list, or None. It is
+tried before any key is computed; when it says None the call takes the slow path
+(flatten, key, lookup), which is the reference: the guard never accepts a call the key
+would send elsewhere, it only rejects some the key would accept (then the slow path
+refreshes its cached versions).
+
+`guard.source` holds the generated text.
+"""
+
+import types
+
+from .._state import STATE
+from ..nn.module import STRUCTURE_VERSION, Module
+from ..optim.optimizer import Optimizer
+from ..tensor import Tensor
+from .keys import _OPAQUE, env_key, env_names, same_tensors
+from .reads import value_key
+
+_SCALARS = (bool, int, float, str, type(None))
+
+
+class _Writer:
+    def __init__(self):
+        self.lines, self.ns, self.flat = [], {"STATE": STATE, "SV": STRUCTURE_VERSION}, []
+        self.complex_env = False
+
+    def const(self, value, prefix="K") -> str:
+        name = f"{prefix}{len(self.ns)}"
+        self.ns[name] = value
+        return name
+
+    def fail_unless(self, cond: str, depth=1):
+        self.lines.append("    " * depth + f"if not ({cond}): return None")
+
+    def bind(self, expr: str) -> str:
+        name = f"v{len(self.lines)}"
+        self.lines.append(f"    {name} = {expr}")
+        return name
+
+
+def _value(w, var, obj):
+    """Checks that `var` holds a value of the same structure as `obj` (flatten's rules)."""
+    if isinstance(obj, Tensor):
+        d = obj._data
+        w.fail_unless(f"{var}.__class__ is {w.const(type(obj), 'C')}")
+        data = w.bind(f"{var}._data")
+        w.fail_unless(f"{data}.shape == {d.shape!r} and {data}.dtype == "
+                      f"{w.const(d.dtype, 'D')} and {var}._rg is {obj._rg}")
+        w.flat.append(var)
+    elif isinstance(obj, _SCALARS):
+        w.fail_unless(f"{var}.__class__ is {w.const(type(obj), 'C')}")
+        if isinstance(obj, float):
+            w.fail_unless(f"{var}.hex() == {obj.hex()!r}")
+        else:
+            w.fail_unless(f"{var} == {w.const(obj)}")
+    elif isinstance(obj, Module):
+        w.fail_unless(f"{var} is {w.const(obj, 'M')}")
+        w.fail_unless("SV[0] == VER[0]")
+    elif isinstance(obj, (tuple, list)):
+        w.fail_unless(f"{var}.__class__ is {w.const(type(obj), 'C')} and len({var}) == "
+                      f"{len(obj)}")
+        for i, item in enumerate(obj):
+            _value(w, w.bind(f"{var}[{i}]"), item)
+    elif isinstance(obj, dict):
+        w.fail_unless(f"{var}.__class__ is dict and tuple({var}) == {w.const(tuple(obj))}")
+        for k, item in obj.items():
+            _value(w, w.bind(f"{var}[{w.const(k)}]"), item)
+    else:  # flatten would have refused it
+        raise TypeError(type(obj).__name__)
+
+
+def _reached(w, expr, value, fn):
+    """Checks on one value the function reaches by name (keys.env_value_key's rules)."""
+    if isinstance(value, (Tensor, Optimizer)) or isinstance(value, _OPAQUE) or value is None:
+        w.fail_unless(f"{expr} is {w.const(value, 'G')}")
+        if isinstance(value, Optimizer):
+            w.fail_unless(f"{w.const(value, 'G')}._hn_version[0] == {value._hn_version[0]}")
+        return
+    if isinstance(value, Module):
+        w.fail_unless(f"{expr} is {w.const(value, 'G')}")
+        w.fail_unless("SV[0] == VER[0]")
+        return
+    if isinstance(value, _SCALARS):
+        w.fail_unless(f"VK({expr}) == {w.const(value_key(value))}")
+        return
+    if isinstance(value, types.FunctionType) and value.__globals__ is not fn.__globals__:
+        w.fail_unless(f"{expr} is {w.const(value, 'G')}")  # (not keyed beyond identity)
+        return
+    w.complex_env = True  # containers, plain objects, helpers: the full env key
+
+
+def _environment(w, fn):
+    glb = w.const(fn.__globals__, "GLB")
+    for name in env_names(fn):
+        _reached(w, f"{glb}.get({name!r})", fn.__globals__.get(name), fn)
+    for cell in fn.__closure__ or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        _reached(w, f"{w.const(cell, 'CELL')}.cell_contents", value, fn)
+    if fn.__defaults__ or fn.__kwdefaults__:
+        w.complex_env = True
+
+
+def make_guard(args, kwargs, key, fn=None, module=None, same=None):
+    """The guard function for a specialization first seen on `args`/`kwargs` with static
+    `key` (fn: the plain function whose environment is keyed; module: a traced Module).
+    Returns (guard, VER cell to refresh with STRUCTURE_VERSION)."""
+    w = _Writer()
+    w.ns.update(VK=value_key, VER=[STRUCTURE_VERSION[0]])
+    w.fail_unless(f"len(args) == {len(args)}")
+    for i, a in enumerate(args):
+        _value(w, w.bind(f"args[{i}]"), a)
+    if kwargs:
+        _value(w, "kwargs", kwargs)
+    else:
+        w.fail_unless("not kwargs")
+    w.fail_unless(f"STATE.grad is {STATE.grad}")
+    if same is None and len(w.flat) > 1:
+        w.fail_unless(f"len({{{', '.join(f'id({v})' for v in w.flat)}}}) == {len(w.flat)}")
+    if module is not None:
+        w.fail_unless("SV[0] == VER[0]")
+        fn = getattr(type(module).forward, "__func__", type(module).forward)
+        if not isinstance(fn, types.FunctionType):
+            fn = None
+    if fn is not None:
+        _environment(w, fn)
+        if w.complex_env:
+            w.ns.update(ENV_KEY=env_key, FN=fn, NAMES=env_names(fn),
+                        EXPECTED=env_key(fn, env_names(fn)))
+            w.fail_unless("ENV_KEY(FN, NAMES) == EXPECTED")
+    w.lines.append(f"    flat = [{', '.join(w.flat)}]")
+    if same is not None:
+        w.ns.update(SAME=same_tensors, EXPECTED_SAME=same)
+        w.fail_unless("SAME(flat) == EXPECTED_SAME")
+    body = "\n".join(w.lines)
+    source = f"def guard(args, kwargs):\n{body}\n    return flat\n"
+    code = compile(source, "<hn.trace guard>", "exec")
+    exec(code, w.ns)  # noqa: S102  (our own generated text, from values, never from files)
+    guard = w.ns["guard"]
+    guard.source = source
+    return guard, w.ns["VER"]

@@ -1,0 +1,174 @@
+"""The static part of a traced call's guard key: what is checked before any trace runs.
+
+Tensor arguments by shape, dtype and requires_grad; Python values by exact bits;
+container structure; which arguments are the same object; grad mode; modules by
+structure; and what the function reaches by name: globals, closure cells, defaults,
+attributes of plain objects and the same for helper functions beside it. Trace-specific
+reads (`.grad`, optimizer settings, container attributes of modules) are checked per
+trace instead (`reads.py`).
+"""
+
+import functools
+import types
+
+from ..nn.module import STRUCTURE_VERSION, Module
+from ..optim.optimizer import Optimizer
+from ..tensor import Tensor
+from .pytree import Unsupported, flatten
+
+
+def same_tensors(flat):
+    """None when every tensor argument is a distinct object, else which repeat which (a
+    trace reads a tensor passed twice from one input)."""
+    if len(flat) < 2 or len({id(t) for t in flat}) == len(flat):
+        return None
+    first = {}
+    return tuple(first.setdefault(id(t), i) for i, t in enumerate(flat))
+
+
+_MODULE_TABLES = ("_parameters", "_buffers", "_modules", "training")
+
+
+def module_key(module):
+    """Module identity, structure, training flags and plain Python attributes (cached until
+    any module attribute is set), plus each parameter's and buffer's shape, dtype and
+    requires_grad. List and dict attributes are keyed by identity only: a trace that reads
+    one checks its contents (reads.py), one that does not may let it grow."""
+    cached = module.__dict__.get("_hn_structure")
+    if cached is None or cached[0] != STRUCTURE_VERSION[0]:
+        mods = tuple((id(m), m.training) for m in module.modules())
+        params = [p for _, p in module.named_parameters()]
+        bufs = [b for _, b in module.named_buffers()]
+        attrs = []
+        for m in module.modules():
+            for name, value in m.__dict__.items():
+                if name.startswith("_hn") or name in _MODULE_TABLES:
+                    continue
+                if isinstance(value, (list, dict)):
+                    attrs.append((id(m), name, id(value)))
+                    continue
+                attrs.append((id(m), name, env_value_key(value, ())))
+        ids = (mods, tuple(id(t) for t in params), tuple(id(t) for t in bufs), tuple(attrs))
+        cached = (STRUCTURE_VERSION[0], ids, params + bufs)
+        object.__setattr__(module, "_hn_structure", cached)
+    return cached[1], tuple((t._data.shape, t._data.dtype, t._rg) for t in cached[2])
+
+
+def env_names(fn):
+    """The global names the function's code mentions."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return ()
+    return tuple(n for n in code.co_names if n in getattr(fn, "__globals__", {}))
+
+
+def env_key(fn, names, seen=()):
+    """What the function reads by global name, closure or default argument: identities of
+    tensors and modules, the values of Python scalars and containers of them and of the
+    plain attributes of other objects (baked into a trace as constants, so a new value must
+    trace anew), and the same for helper functions defined beside it."""
+    glb = fn.__globals__
+    seen = seen + (fn,)
+    parts = []
+    for name in names:
+        key = env_value_key(glb.get(name), seen, glb)
+        if key is not None:
+            parts.append((name, key))
+    for cell in fn.__closure__ or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        key = env_value_key(value, seen, glb)
+        if key is not None:
+            parts.append(key)
+    for defaults in (fn.__defaults__, fn.__kwdefaults__):
+        if defaults:
+            parts.append(("defaults", env_value_key(defaults, seen, glb)))
+    return tuple(parts)
+
+
+_ENV_VALUES = (int, float, bool, str, tuple, list, dict, type(None))
+_OPAQUE = (type, types.ModuleType, types.BuiltinFunctionType, types.MethodType,
+           functools.partial)
+
+
+def env_value_key(value, seen, glb=None):
+    """The key part for one value the function reaches (None: nothing to key)."""
+    if isinstance(value, Tensor):
+        return id(value)
+    if isinstance(value, Module):
+        return module_key(value)
+    if isinstance(value, Optimizer):  # settings and state: versioned (optim/tracked.py)
+        return ("opt", id(value), value._hn_version[0])
+    if isinstance(value, _ENV_VALUES):
+        try:
+            leaves, spec = flatten(value)
+        except Unsupported:
+            return ("unsupported", id(value))
+        return (spec, tuple(id(t) for t in leaves))
+    inner = getattr(value, "_hn_traced_fn", None)
+    if inner is not None:  # a traced helper: what it reads counts too
+        if inner.module is not None:
+            return module_key(inner.module)
+        value = inner.fn
+        glb = getattr(value, "__globals__", None)
+    if isinstance(value, types.FunctionType):
+        # a helper defined beside the traced function: what it reads counts too
+        if glb is None or value.__globals__ is not glb or value in seen or len(seen) > 4:
+            return None
+        return ("fn", id(value), env_key(value, env_names(value), seen))
+    if isinstance(value, _OPAQUE) or len(seen) > 4:
+        return None
+    attrs = getattr(value, "__dict__", None)
+    if isinstance(attrs, dict) and not callable(value):
+        # a plain object (a config, a SimpleNamespace): its attributes may be read as
+        # constants, at any depth up to a few levels
+        inner_seen = seen + (value,)
+        return ("obj", id(value), tuple((k, env_value_key(v, inner_seen, glb))
+                                        for k, v in attrs.items() if v is not value))
+    return None
+
+
+def describe_key_difference(new, old) -> str:
+    """What differs between two static keys (for miss and recompile events)."""
+    labels = ("argument structure or Python values", "tensor shapes/dtypes/requires_grad",
+              "grad mode", "which arguments are the same tensor")
+    if not (isinstance(new, tuple) and isinstance(old, tuple)):
+        return "a different call"
+    for i, (a, b) in enumerate(zip(new, old)):
+        if a == b:
+            continue
+        if i == 1:
+            return _describe_metas(a, b)
+        if i < len(labels):
+            return labels[i]
+        return _describe_env(a, b)
+    return "a different call"
+
+
+def _describe_metas(new, old) -> str:
+    if len(new) != len(old):
+        return f"number of tensor inputs {len(new)} (was {len(old)})"
+    for i, (a, b) in enumerate(zip(new, old)):
+        if a != b:
+            return (f"tensor input {i}: {_meta(a)} (was {_meta(b)})")
+    return "tensor inputs"
+
+
+def _meta(m) -> str:
+    shape, dtype, rg = m
+    return f"{dtype}{list(shape)}{' requires_grad' if rg else ''}"
+
+
+def _describe_env(new, old) -> str:
+    if isinstance(new, tuple) and isinstance(old, tuple) and len(new) == len(old):
+        for a, b in zip(new, old):
+            if a != b:
+                if isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], str):
+                    return f"global {a[0]!r} (its value, identity or attributes)"
+                if isinstance(a, tuple) and a and a[0] == "opt":
+                    return "optimizer state or settings"
+                return "module structure, training flags, parameters or attributes, or a " \
+                    "closure value"
+    return "module structure, training flags, parameters or attributes, or a closure value"

@@ -1,0 +1,140 @@
+"""Running one compiled trace on a call's flat tensors: an `Outcome`, never an in-band None.
+
+`Trace.run(flat)` gathers the kernel's input arrays from their sources (arguments,
+captured tensors, `.grad`s, optimizer settings), checks what the trace read
+(`reads.Check`), runs the kernel, checks its value guards, writes in-place updates
+back, replays `.grad` assignments, and returns RESULT with the result in the
+structure eager returned (arguments and outside tensors it returned as the very
+same objects), or SIDE_EXIT, STALE, ALIASED or FAILED.
+"""
+
+import numpy as np
+
+from runtime.executor import ALIASED, SIDE_EXIT, STALE, Outcome
+
+from ..tensor import Tensor
+from .pytree import unflatten
+
+_NUMBER = (int, float)
+
+
+class Trace:
+    """One compiled path of a specialization."""
+
+    def __init__(self, tg, result, stats):
+        self.tg = tg
+        self.result = result
+        self.path = tuple(g[2] for g in tg.guards)
+        self.stats = stats
+        self._targets = frozenset(t for _, t in tg.writebacks)
+        self._simple = all(s.kind == "arg" for s in tg.sources) and not tg.checks
+        self._arg_index = [s.index for s in tg.sources]
+        self._single = tg.result_spec == ("T",) and tg.outputs == [("out", 0)] and \
+            not tg.grad_writes
+
+    def gather(self, flat):
+        """The kernel's input arrays, or None when a source no longer matches the trace."""
+        if self._simple:
+            return [flat[i]._data for i in self._arg_index]
+        arrays = []
+        for src in self.tg.sources:
+            if src.kind == "arg":
+                arrays.append(flat[src.index]._data)
+                continue
+            arr = _source_array(src, flat)
+            if arr is None:
+                return None
+            arrays.append(arr)
+        for check in self.tg.checks:
+            if not check.holds(flat):
+                return None
+        return arrays
+
+    def failed_check(self, flat) -> str:
+        """What no longer matches (for the event log), after gather() said None."""
+        for src in self.tg.sources:
+            if src.kind != "arg" and _source_array(src, flat) is None:
+                return f"a {src.kind} input ({src.dtype}{list(src.shape)}) changed"
+        for check in self.tg.checks:
+            if not check.holds(flat):
+                return f"guard failed: {check.text}"
+        return "a guard failed"
+
+    def run(self, flat) -> Outcome:
+        """Run on the call's flat tensors (see the module docstring)."""
+        arrays = self.gather(flat)
+        if arrays is None:
+            return STALE
+        if self._targets and _overlaps(arrays, self._targets):
+            return ALIASED
+        exe, kernel = self.result.executable, self.result.kernel
+        first = not kernel.compiled
+        try:
+            outs = exe.run(arrays)
+        except Exception as exc:  # only Numba's own errors are caught
+            if not type(exc).__module__.startswith("numba."):
+                raise
+            text = str(exc).strip()
+            first_line = text.splitlines()[0] if text else ""
+            return Outcome(Outcome.FAILED, f"the numba backend could not compile this trace "
+                           f"({type(exc).__name__}: {first_line[:200]})")
+        if first:
+            self.stats.compile_seconds += kernel.compile_seconds + self.result.seconds
+        if outs is SIDE_EXIT:
+            return SIDE_EXIT
+        self.stats.compiled_calls += 1
+        if self._single:
+            return Outcome(Outcome.RESULT, Tensor._wrap(outs[0]))
+        for tref, k in self.tg.grad_writes:
+            owner = tref.resolve(flat)
+            owner._grad = None if k is None else Tensor._wrap(
+                np.array(outs[k], copy=True).reshape(self.tg.graph.outputs[k].shape))
+        leaves = [self._leaf(kind, i, outs, flat) for kind, i in self.tg.outputs]
+        return Outcome(Outcome.RESULT, unflatten(self.tg.result_spec, leaves))
+
+    def _leaf(self, kind, i, outs, flat):
+        if kind == "out":
+            return Tensor._wrap(outs[i])
+        if kind == "arg":
+            return flat[i]
+        src = self.tg.sources[i]
+        return src.ref() if src.kind == "captured" else src.ref.resolve(flat)._grad
+
+
+def _source_array(src, flat):
+    """The array for a non-argument source now, or None if it no longer matches."""
+    if src.kind == "hyper":
+        group_ref, key, index = src.ref
+        group = group_ref()
+        value = None if group is None else dict.get(group, key)
+        if index is not None:
+            value = value[index] if type(value) is tuple and len(value) > index else None
+        if type(value) not in _NUMBER:
+            return None
+        return np.array(value, dtype=np.float64)
+    if src.kind == "captured":
+        t = src.ref()
+    else:  # "grad"
+        owner = src.ref.resolve(flat)
+        t = None if owner is None else owner._grad
+    if t is None or t._data.shape != src.shape or t._data.dtype != src.dtype or \
+            t._rg is not src.rg:
+        return None
+    return t._data
+
+
+def _overlaps(arrays, targets) -> bool:
+    """Does an array updated in place share memory with another input of this call? (The
+    graph gives each input its own buffer; eager code would see the update through it.)"""
+    by_root = {}
+    for i, a in enumerate(arrays):
+        root = a
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        by_root.setdefault(id(root), []).append(i)
+    for group in by_root.values():
+        if len(group) > 1 and not targets.isdisjoint(group):
+            for i in targets.intersection(group):
+                if any(j != i and np.may_share_memory(arrays[i], arrays[j]) for j in group):
+                    return True
+    return False

@@ -1,0 +1,181 @@
+"""Optimizer containers the JIT can guard cheaply: versioned groups and state dicts.
+
+Every optimizer owns a version counter. Its parameter groups (`ParamGroup`) and its
+state dicts (`StateDict`) bump it on every structural write, so a traced function
+that reads an optimizer is guarded by one integer compare. Float hyper-parameters
+(`lr`, `momentum`, ...) are the exception: writing a new number there does not bump
+the version, because a traced step reads them as runtime inputs of its kernel
+(`hyper()`), so a learning-rate schedule never recompiles and is never stale.
+User code that reads `group["lr"]` itself while a call is traced has that read
+recorded and guarded by value.
+"""
+
+import numpy as np
+
+from .._state import STATE
+from ..capture import TRACE_HOOKS, VERSION_COUNTERS, active
+from ..tensor import Tensor
+
+# bumped with every optimizer's own version: a traced call that changes any optimizer's
+# structure is noticed (its recording cannot be replayed)
+WRITES = [0]
+_NUMBER = (int, float)
+
+
+def bump(version):
+    """Note a structural change of the optimizer owning `version`."""
+    version[0] += 1
+    WRITES[0] += 1
+
+
+def _is_number(value) -> bool:
+    return type(value) in _NUMBER
+
+
+class ParamGroup(dict):
+    """A parameter group: a dict whose writes bump its optimizer's version (except new
+    numbers for the hyper-parameter keys the optimizer reads through `hyper`)."""
+
+    def __init__(self, data, version, hyper_keys):
+        super().__init__(data)
+        self._version = version
+        self._hyper = hyper_keys
+
+    def __setitem__(self, key, value):
+        if not (key in self._hyper and _same_kind(dict.get(self, key), value)):
+            bump(self._version)
+        dict.__setitem__(self, key, value)
+
+    def __delitem__(self, key):
+        bump(self._version)
+        dict.__delitem__(self, key)
+
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self[key] = default
+        return dict.__getitem__(self, key)
+
+    def update(self, *args, **kwargs):
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def pop(self, *args):
+        bump(self._version)
+        return dict.pop(self, *args)
+
+    def clear(self):
+        bump(self._version)
+        dict.clear(self)
+
+    def __reduce__(self):  # copies and pickles are plain dicts
+        return (dict, (dict(self),))
+
+
+def _same_kind(old, new) -> bool:
+    """A new value a traced step can take as a runtime input without retracing."""
+    if _is_number(old) and _is_number(new):
+        return True
+    if type(old) is tuple and type(new) is tuple and len(old) == len(new):
+        return all(_is_number(a) and _is_number(b) for a, b in zip(old, new))
+    return False
+
+
+class StateDict(dict):
+    """Optimizer state (per parameter, and the mapping parameter -> state): a dict whose
+    writes bump the optimizer's version."""
+
+    def __init__(self, version, data=()):
+        super().__init__(data)
+        self._version = version
+
+    def __setitem__(self, key, value):
+        bump(self._version)
+        dict.__setitem__(self, key, value)
+
+    def __delitem__(self, key):
+        bump(self._version)
+        dict.__delitem__(self, key)
+
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self[key] = default
+        return dict.__getitem__(self, key)
+
+    def update(self, *args, **kwargs):
+        bump(self._version)
+        dict.update(self, *args, **kwargs)
+
+    def pop(self, *args):
+        bump(self._version)
+        return dict.pop(self, *args)
+
+    def clear(self):
+        bump(self._version)
+        dict.clear(self)
+
+    def __reduce__(self):
+        return (dict, (dict(self),))
+
+
+def hyper(group, key):
+    """`group[key]` for the optimizer's own update rule: the number itself when running
+    eagerly; while a call is traced, a float64 0-d tensor that the compiled step reads
+    afresh from the group at every call (a tuple of them for tuple settings)."""
+    value = dict.__getitem__(group, key)
+    if not STATE.recorders:
+        return value
+    rec = active()
+    if rec is None:
+        return value
+    if type(value) is tuple:
+        return tuple(_hyper_tensor(rec, group, key, i, v) for i, v in enumerate(value))
+    return _hyper_tensor(rec, group, key, None, value)
+
+
+def _hyper_tensor(rec, group, key, index, value):
+    if not _is_number(value):
+        return value
+    t = Tensor._wrap(np.array(value, dtype=np.float64))
+    rec.note_hyper(t, group, key, index)
+    return t
+
+
+# ---- recording what user code reads from a group while a call is traced ---------------------
+
+
+def _recording_getitem(self, key):
+    value = dict.__getitem__(self, key)
+    rec = active()
+    if rec is not None:
+        rec.note_item(self, key, value)
+    return value
+
+
+def _recording_get(self, key, default=None):
+    value = dict.get(self, key, default)
+    rec = active()
+    if rec is not None:
+        rec.note_item(self, key, value)
+    return value
+
+
+_installed = [0]
+
+
+def install_read_hooks():
+    """While a call is traced, reads of `group[key]` by user code are recorded."""
+    _installed[0] += 1
+    if _installed[0] == 1:
+        ParamGroup.__getitem__ = _recording_getitem
+        ParamGroup.get = _recording_get
+
+
+def remove_read_hooks():
+    _installed[0] -= 1
+    if _installed[0] == 0:
+        del ParamGroup.__getitem__
+        del ParamGroup.get
+
+
+TRACE_HOOKS.append((install_read_hooks, remove_read_hooks))
+VERSION_COUNTERS.append(WRITES)
