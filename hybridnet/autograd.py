@@ -9,7 +9,7 @@ from compiler.errors import ShapeError
 from compiler.ir import Graph
 
 from ._state import STATE
-from .dispatch import EMIT, node_of
+from .dispatch import CLOSED, EMIT, node_of
 from .tensor import Tensor
 
 
@@ -220,6 +220,10 @@ class Recorder:
 
     def __exit__(self, *exc):
         STATE.recorders.remove(self)
+        if not STATE.recorders:  # tensors made inside carry no history out of the block
+            for node in self.nodes:
+                if not node.requires_grad and node.op not in ("input", "const"):
+                    node.ref = CLOSED
         for tensor, _previous in self._rebound:
             node = tensor._node
             if node is not None and not node.requires_grad:

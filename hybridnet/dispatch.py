@@ -39,6 +39,9 @@ class TapeNode(Node):
         return self.op
 
 
+# `ref` of a no-grad node whose recording ended: its tensor is a leaf for new ops.
+CLOSED = object()
+
 Tensor = None  # set by hybridnet.tensor once the class exists (avoids an import cycle)
 _new = object.__new__
 
@@ -115,9 +118,11 @@ def node_of(x):
         node.value, node.saved, node.ref = arr, (), None
         return node
     node = x._node
-    if node is None or (x._rg and not node.requires_grad and STATE.grad):
-        # (the second case: a tensor that requires grad, updated in place under no_grad
-        # while recording; its node is dataflow only, autograd needs a leaf again)
+    if node is None or (not node.requires_grad and (
+            node.ref is CLOSED or (x._rg and STATE.grad))):
+        # A fresh leaf also for a tensor whose history is dataflow only: recorded by an
+        # `hn.record()` block that has ended, or (under recording) a tensor that requires
+        # grad updated in place under no_grad, for which autograd needs a leaf again.
         node = TapeNode("input", (), {}, x._data.shape, x._data.dtype, x._rg)
         node.value, node.saved, node.ref = x._data, (), weakref.ref(x)
         x._node = node

@@ -11,6 +11,7 @@ class Stats:
     compiled_calls: int = 0
     eager_calls: int = 0
     hits: int = 0
+    slow_lookups: int = 0  # calls no generated guard accepted (flatten + key)
     misses: int = 0
     side_exits: int = 0
     traces: int = 0

@@ -115,6 +115,7 @@ class TracedFunction:
         return self._slow_call(args, kwargs)
 
     def _slow_call(self, args, kwargs):
+        self.stats.slow_lookups += 1
         try:
             flat, spec = flatten((args, kwargs))
         except Unsupported as exc:
@@ -314,6 +315,15 @@ class TracedModule(TracedFunction):
         if name.startswith("__") or "module" not in self.__dict__:
             raise AttributeError(name)
         return getattr(self.__dict__["module"], name)
+
+    def __getitem__(self, index):  # containers (Sequential, ModuleList...) index as before
+        return self.module[index]
+
+    def __len__(self) -> int:
+        return len(self.module)
+
+    def __iter__(self):
+        return iter(self.module)
 
     def __repr__(self) -> str:
         return f"hn.trace({self.module!r})"
