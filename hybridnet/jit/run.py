@@ -62,6 +62,30 @@ class Trace:
 
     def run(self, flat) -> Outcome:
         """Run on the call's flat tensors (see the module docstring)."""
+        out = self._run(flat)
+        if out.kind is Outcome.RESULT and self.result.kernel.compiled:
+            fast = self._fast_runner()
+            if fast is not None:
+                self.run = fast  # compiled now: the short path from the next call on
+        return out
+
+    def _fast_runner(self):
+        """For a plain trace (arguments in, one fresh tensor out, nothing to check or write
+        back) once its kernel is compiled: gather, call, wrap."""
+        exe = self.result.executable
+        if not (self._simple and self._single and exe.plain and exe.single):
+            return None
+        fn, index, stats, wrap = self.result.kernel.fn, self._arg_index, self.stats, \
+            Tensor._wrap
+        result = Outcome.RESULT
+
+        def run(flat):
+            out = fn(*[flat[i]._data for i in index])
+            stats.compiled_calls += 1
+            return Outcome(result, wrap(out))
+        return run
+
+    def _run(self, flat) -> Outcome:
         arrays = self.gather(flat)
         if arrays is None:
             return STALE
