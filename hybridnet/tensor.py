@@ -85,6 +85,11 @@ class Tensor:
         self._grad = value
 
     @property
+    def _version(self) -> int:
+        """How many in-place updates this tensor (or a view sharing it) has had."""
+        return 0 if self._vc is None else self._vc[0]
+
+    @property
     def requires_grad(self) -> bool:
         """Whether gradients are computed for this tensor."""
         return self._rg

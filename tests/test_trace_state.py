@@ -345,3 +345,21 @@ def test_fast_guard_serves_real_functions():
     for fn in (uses_globals, takes_list):
         assert fn.stats.slow_lookups == 1, fn.guard_source  # only the first call
         assert "def guard(args, kwargs)" in fn.guard_source
+
+
+def test_versions_after_compiled_calls_match_eager():
+    def bump(t, u):
+        t.add_(1.0)
+        t.mul_(2.0)
+        u.sub_(1.0)
+        return t + u
+
+    traced = hn.trace(bump)
+    a, b, c, d = hn.zeros(3), hn.ones(3), hn.zeros(3), hn.ones(3)
+    with hn.no_grad():
+        for _ in range(4):
+            bump(a, b)
+            traced(c, d)
+            assert (c._version, d._version) == (a._version, b._version)
+    assert (a._version, b._version) == (8, 4)
+    assert traced.stats.compiled_calls == 3

@@ -73,6 +73,7 @@ class TraceGraph:
     fresh: list = field(default_factory=list)
     checks: list = field(default_factory=list)  # reads.Check: what the trace read
     grad_writes: list = field(default_factory=list)  # (TensorRef, None | output index)
+    version_bumps: list = field(default_factory=list)  # (input position, count)
 
 
 class _Builder:
@@ -85,6 +86,7 @@ class _Builder:
         self.inputs, self.sources, self.consts = [], [], []
         self.source_of_tensor = {}  # id(tensor) -> input position
         self.leaf_of_tensor = {}  # id(tensor) -> the leaf node it was first met as
+        self.version_bumps = []  # (input position, in-place updates eager made to it)
         # id(grad tensor) -> its owner, for grads the call found in `.grad` on entry
         self.grad_of = {id(e[2]): e[0] for e in recorder.grads.values()
                         if e[1] and e[2] is not None}
@@ -202,7 +204,8 @@ def build(recorder, flat_args, arg_nodes, result_leaves) -> TraceGraph:
     graph = Graph(b.inputs + b.consts + body, b.inputs, out_nodes)
     return TraceGraph(graph, b.sources, outputs, guards, writebacks, n_results,
                       fresh=_fresh_results(b, result_leaves),
-                      checks=entry_checks(recorder, b.tensor_ref), grad_writes=grad_writes)
+                      checks=entry_checks(recorder, b.tensor_ref), grad_writes=grad_writes,
+                      version_bumps=b.version_bumps)
 
 
 def _result_source(b, t, k):
@@ -271,6 +274,7 @@ def _writebacks(b, recorder, out_nodes):
             b.source_of_tensor[id(t)] = pos
         result.append((len(out_nodes), pos))
         out_nodes.append(b.value(node_of(t)))
+        b.version_bumps.append((pos, sum(1 for u, _ in recorder._rebound if u is t)))
     return result
 
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from runtime.executor import ALIASED, SIDE_EXIT, STALE, Outcome
 
+from ..dispatch import version_counter
 from ..tensor import Tensor
 from .pytree import unflatten
 
@@ -73,7 +74,8 @@ class Trace:
         """For a plain trace (arguments in, one fresh tensor out, nothing to check or write
         back) once its kernel is compiled: gather, call, wrap."""
         exe = self.result.executable
-        if not (self._simple and self._single and exe.plain and exe.single):
+        if not (self._simple and self._single and exe.plain and exe.single and
+                not self.tg.version_bumps):
             return None
         fn, index, stats, wrap = self.result.kernel.fn, self._arg_index, self.stats, \
             Tensor._wrap
@@ -107,6 +109,8 @@ class Trace:
         if outs is SIDE_EXIT:
             return SIDE_EXIT
         self.stats.compiled_calls += 1
+        for pos, count in self.tg.version_bumps:  # as eager's in-place ops bumped them
+            version_counter(self._source_tensor(pos, flat))[0] += count
         if self._single:
             return Outcome(Outcome.RESULT, Tensor._wrap(outs[0]))
         for tref, k in self.tg.grad_writes:
@@ -121,7 +125,13 @@ class Trace:
             return Tensor._wrap(outs[i])
         if kind == "arg":
             return flat[i]
-        src = self.tg.sources[i]
+        return self._source_tensor(i, flat)
+
+    def _source_tensor(self, pos, flat):
+        """The tensor behind input `pos` (an argument, captured or a .grad)."""
+        src = self.tg.sources[pos]
+        if src.kind == "arg":
+            return flat[src.index]
         return src.ref() if src.kind == "captured" else src.ref.resolve(flat)._grad
 
 
