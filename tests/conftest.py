@@ -13,3 +13,12 @@ for path in (HERE, ROOT):
 if "HYBRIDNET_CACHE_DIR" not in os.environ:
     import tempfile
     os.environ["HYBRIDNET_CACHE_DIR"] = tempfile.mkdtemp(prefix="hybridnet-test-cache-")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """After twin-state tests ran (tests/test_state_twins.py): how many traced calls ran
+    compiled, and why the others ran eagerly."""
+    twins = sys.modules.get("twins")
+    if twins is not None and getattr(twins, "RESULTS", None):
+        terminalreporter.section("hn.trace twin-state summary")
+        terminalreporter.write_line(twins.format_summary())

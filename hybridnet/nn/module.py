@@ -223,7 +223,8 @@ class Module:
             if set_to_none:
                 p.grad = None
             elif p.grad is not None:
-                p.grad._data[...] = 0
+                with no_grad():  # an in-place op, so a traced call replays it
+                    p.grad.zero_()
 
     def requires_grad_(self, requires_grad: bool = True) -> "Module":
         """Set requires_grad on every parameter."""

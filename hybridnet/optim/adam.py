@@ -3,6 +3,7 @@
 
 import numpy as np
 
+from ..dtypes import float64
 from ..functional import maximum, sqrt
 from ..tensor import Tensor
 from .optimizer import Optimizer, _get
@@ -42,7 +43,9 @@ class Adam(Optimizer):
             p.mul_(1 - lr * wd)
         elif wd:
             g = g + p * wd
-        step = state["step"].add_(1).to(p.dtype)
+        # bias corrections in double precision, as PyTorch computes them from Python floats
+        # (and as a traced step does from its float64 settings)
+        step = state["step"].add_(1).to(float64)
         exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
         exp_avg.mul_(beta1).add_(g, alpha=1 - beta1)
         exp_avg_sq.mul_(beta2).add_(g * g, alpha=1 - beta2)
