@@ -43,7 +43,7 @@ class ExplainReport:
 
 
 def _trace_lines(j, tr):
-    lines = [f"   trace {j}: {len(tr['guards'])} value guards, compiled in "
+    lines = [f"   trace {j}: {len(tr['guards'])} guards, compiled in "
              f"{tr['compile_seconds']:.3f}s{' (kernel reused)' if tr['reused'] else ''}"]
     for g in tr["guards"]:
         lines.append(f"     guard: {g}")
@@ -69,6 +69,9 @@ def _spec_dict(spec) -> dict:
 def _trace_dict(tr) -> dict:
     res = tr.result
     guards = [f"{kind}(output {k}) == {value!r}" for k, kind, value in tr.tg.guards]
+    guards += [f"read: {check.text}" for check in tr.tg.checks]
+    guards += [f"runtime input: {_source_text(src)}" for src in tr.tg.sources
+               if src.kind in ("hyper", "grad")]
     return {
         "graph": str(tr.tg.graph), "optimized": str(res.optimized), "guards": guards,
         "passes": [{k: p[k] for k in ("name", "seconds", "changed")} for p in res.pass_report],
@@ -76,6 +79,13 @@ def _trace_dict(tr) -> dict:
         "compile_seconds": res.seconds + res.kernel.compile_seconds, "reused": res.reused,
         "writebacks": len(tr.tg.writebacks),
     }
+
+
+def _source_text(src) -> str:
+    if src.kind == "hyper":
+        _, key, index = src.ref
+        return f"optimizer setting {key!r}" + ("" if index is None else f"[{index}]")
+    return f".grad ({src.dtype}{list(src.shape)}) of a parameter"
 
 
 def explain(fn, *args, **kwargs) -> ExplainReport:
