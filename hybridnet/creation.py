@@ -70,10 +70,25 @@ def _infer_np(data, dtype=None) -> np.ndarray:
 
 def tensor(data, dtype=None, requires_grad=False) -> Tensor:
     """A new tensor (copying `data`): floats give float32, ints int64, bools bool."""
+    if isinstance(data, Tensor) and STATE.recorders:
+        return _recorded_copy(data, dtype, requires_grad)
     arr = _infer_np(data, dtype)
     if dtype is not None:
         arr = arr.astype(hd.to_np(dtype), copy=False)
     return _finish(arr, requires_grad)
+
+
+def _recorded_copy(data, dtype, requires_grad) -> Tensor:
+    """hn.tensor(t) while recording: a copy made by recorded ops, so a traced call reads
+    the tensor afresh instead of baking its values in."""
+    from .dispatch import cast
+    from .shape import clone
+    t = clone(data.detach())
+    if dtype is not None:
+        t = cast(t, hd.to_np(dtype))
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
 
 
 def from_numpy(a: np.ndarray) -> Tensor:

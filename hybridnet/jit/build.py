@@ -156,8 +156,10 @@ class _Builder:
     def source_for(self, t) -> Source:
         """How a call finds tensor `t` from outside it (not an argument)."""
         meta = dict(shape=t.shape, dtype=t._data.dtype, rg=t._rg)
-        if id(t) in self.grad_of:
-            return Source("grad", ref=self.tensor_ref(self.grad_of[id(t)]), **meta)
+        if id(t) in self.grad_of:  # read through owner.grad, as long as that is still t
+            # or t is gone (a tensor still alive elsewhere may be reached another way)
+            return Source("grad", ref=(self.tensor_ref(self.grad_of[id(t)]), weakref.ref(t)),
+                          **meta)
         return Source("captured", ref=weakref.ref(t), **meta)
 
     # -- the body ---------------------------------------------------------------------------
@@ -204,7 +206,8 @@ def build(recorder, flat_args, arg_nodes, result_leaves) -> TraceGraph:
     graph = Graph(b.inputs + b.consts + body, b.inputs, out_nodes)
     return TraceGraph(graph, b.sources, outputs, guards, writebacks, n_results,
                       fresh=_fresh_results(b, result_leaves),
-                      checks=entry_checks(recorder, b.tensor_ref), grad_writes=grad_writes,
+                      checks=entry_checks(recorder, b.tensor_ref, b.grad_of),
+                      grad_writes=grad_writes,
                       version_bumps=b.version_bumps)
 
 

@@ -19,7 +19,15 @@ from .._state import STATE
 from ..nn.module import STRUCTURE_VERSION, Module
 from ..optim.optimizer import Optimizer
 from ..tensor import Tensor
-from .keys import _OPAQUE, env_key, env_names, same_tensors
+from .keys import (
+    _OPAQUE,
+    _structure,
+    _user_defined,
+    env_key,
+    env_names,
+    module_objects_key,
+    same_tensors,
+)
 from .reads import value_key
 
 _SCALARS = (bool, int, float, str, type(None))
@@ -61,7 +69,7 @@ def _value(w, var, obj):
             w.fail_unless(f"{var} == {w.const(obj)}")
     elif isinstance(obj, Module):
         w.fail_unless(f"{var} is {w.const(obj, 'M')}")
-        w.fail_unless("SV[0] == VER[0]")
+        _module(w, obj)
     elif isinstance(obj, (tuple, list)):
         w.fail_unless(f"{var}.__class__ is {w.const(type(obj), 'C')} and len({var}) == "
                       f"{len(obj)}")
@@ -75,27 +83,53 @@ def _value(w, var, obj):
         raise TypeError(type(obj).__name__)
 
 
+def _module(w, module):
+    """Structure by one counter; the plain objects it holds by key; what its forwards
+    reach by name as for a traced function."""
+    w.fail_unless("SV[0] == VER[0]")
+    structure = _structure(module)
+    if structure[3]:
+        live = module_objects_key(module)
+        w.fail_unless(f"MOK({w.const(module, 'M')}) == {w.const(live)}")
+    for fn in structure[4]:
+        _environment(w, fn)
+
+
 def _reached(w, expr, value, fn):
     """Checks on one value the function reaches by name (keys.env_value_key's rules)."""
+    if isinstance(value, Module):
+        w.fail_unless(f"{expr} is {w.const(value, 'G')}")
+        _module(w, value)
+        return
+    if isinstance(value, type) and _user_defined(value):
+        w.complex_env = True  # class attributes: the full env key
+        return
     if isinstance(value, (Tensor, Optimizer)) or isinstance(value, _OPAQUE) or value is None:
+        if isinstance(value, types.FunctionType) and value.__globals__ is fn.__globals__:
+            w.complex_env = True  # a helper beside it: what it reads counts too
+            return
         w.fail_unless(f"{expr} is {w.const(value, 'G')}")
         if isinstance(value, Optimizer):
             w.fail_unless(f"{w.const(value, 'G')}._hn_version[0] == {value._hn_version[0]}")
         return
-    if isinstance(value, Module):
-        w.fail_unless(f"{expr} is {w.const(value, 'G')}")
-        w.fail_unless("SV[0] == VER[0]")
-        return
     if isinstance(value, _SCALARS):
         w.fail_unless(f"VK({expr}) == {w.const(value_key(value))}")
         return
-    if isinstance(value, types.FunctionType) and value.__globals__ is not fn.__globals__:
-        w.fail_unless(f"{expr} is {w.const(value, 'G')}")  # (not keyed beyond identity)
-        return
-    w.complex_env = True  # containers, plain objects, helpers: the full env key
+    w.complex_env = True  # containers, arrays, plain objects: the full env key
 
 
 def _environment(w, fn):
+    """Checks on what `fn` reaches by name; the full env key where that is not simple."""
+    complex_env, w.complex_env = w.complex_env, False
+    _reach_all(w, fn)
+    if w.complex_env:
+        names = env_names(fn)
+        w.fail_unless(f"EK({w.const(fn, 'FN')}, {w.const(names)}) == "
+                      f"{w.const(env_key(fn, names))}")
+    w.complex_env = complex_env
+
+
+def _reach_all(w, fn):
     glb = w.const(fn.__globals__, "GLB")
     for name in env_names(fn):
         _reached(w, f"{glb}.get({name!r})", fn.__globals__.get(name), fn)
@@ -114,7 +148,8 @@ def make_guard(args, kwargs, key, fn=None, module=None, same=None):
     `key` (fn: the plain function whose environment is keyed; module: a traced Module).
     Returns (guard, VER cell to refresh with STRUCTURE_VERSION)."""
     w = _Writer()
-    w.ns.update(VK=value_key, VER=[STRUCTURE_VERSION[0]])
+    w.ns.update(VK=value_key, MOK=module_objects_key, EK=env_key,
+                VER=[STRUCTURE_VERSION[0]])
     w.fail_unless(f"len(args) == {len(args)}")
     for i, a in enumerate(args):
         _value(w, w.bind(f"args[{i}]"), a)
@@ -126,16 +161,10 @@ def make_guard(args, kwargs, key, fn=None, module=None, same=None):
     if same is None and len(w.flat) > 1:
         w.fail_unless(f"len({{{', '.join(f'id({v})' for v in w.flat)}}}) == {len(w.flat)}")
     if module is not None:
-        w.fail_unless("SV[0] == VER[0]")
-        fn = getattr(type(module).forward, "__func__", type(module).forward)
-        if not isinstance(fn, types.FunctionType):
-            fn = None
+        _module(w, module)
+        fn = None  # (its forwards' environments are part of the module's live key)
     if fn is not None:
         _environment(w, fn)
-        if w.complex_env:
-            w.ns.update(ENV_KEY=env_key, FN=fn, NAMES=env_names(fn),
-                        EXPECTED=env_key(fn, env_names(fn)))
-            w.fail_unless("ENV_KEY(FN, NAMES) == EXPECTED")
     w.lines.append(f"    flat = [{', '.join(w.flat)}]")
     if same is not None:
         w.ns.update(SAME=same_tensors, EXPECTED_SAME=same)

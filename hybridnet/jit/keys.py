@@ -9,7 +9,10 @@ trace instead (`reads.py`).
 """
 
 import functools
+import hashlib
 import types
+
+import numpy as np
 
 from ..nn.module import STRUCTURE_VERSION, Module
 from ..optim.optimizer import Optimizer
@@ -26,40 +29,78 @@ def same_tensors(flat):
     return tuple(first.setdefault(id(t), i) for i, t in enumerate(flat))
 
 
-_MODULE_TABLES = ("_parameters", "_buffers", "_modules", "training")
+_MODULE_TABLES = ("_parameters", "_buffers", "_modules", "_non_persistent", "training")
+_SIMPLE = (int, float, bool, str, bytes, type(None))
 
 
 def module_key(module):
     """Module identity, structure, training flags and plain Python attributes (cached until
-    any module attribute is set), plus each parameter's and buffer's shape, dtype and
-    requires_grad. List and dict attributes are keyed by identity only: a trace that reads
-    one checks its contents (reads.py), one that does not may let it grow."""
+    any module attribute is set), each parameter's and buffer's shape, dtype and
+    requires_grad, the attributes of plain objects a module holds (read per call: they
+    change without a module setattr), and what the modules' `forward`s reach by name.
+    List and dict attributes are keyed by identity only: a trace that reads one checks
+    its contents (reads.py), one that does not may let it grow."""
+    cached = _structure(module)
+    metas = tuple((t._data.shape, t._data.dtype, t._rg) for t in cached[2])
+    return cached[1], metas, module_live_key(module)
+
+
+def _structure(module):
     cached = module.__dict__.get("_hn_structure")
-    if cached is None or cached[0] != STRUCTURE_VERSION[0]:
-        mods = tuple((id(m), m.training) for m in module.modules())
-        params = [p for _, p in module.named_parameters()]
-        bufs = [b for _, b in module.named_buffers()]
-        attrs = []
-        for m in module.modules():
-            for name, value in m.__dict__.items():
-                if name.startswith("_hn") or name in _MODULE_TABLES:
-                    continue
-                if isinstance(value, (list, dict)):
-                    attrs.append((id(m), name, id(value)))
-                    continue
+    if cached is not None and cached[0] == STRUCTURE_VERSION[0]:
+        return cached
+    mods = tuple((id(m), m.training) for m in module.modules())
+    params = [p for _, p in module.named_parameters()]
+    bufs = [b for _, b in module.named_buffers()]
+    attrs, live = [], []
+    for m in module.modules():
+        for name, value in m.__dict__.items():
+            if name.startswith("_hn") or name in _MODULE_TABLES:
+                continue
+            if isinstance(value, (list, dict)):
+                attrs.append((id(m), name, id(value)))
+            elif isinstance(value, _SIMPLE) or (isinstance(value, tuple) and all(
+                    isinstance(v, _SIMPLE) for v in value)):
                 attrs.append((id(m), name, env_value_key(value, ())))
-        ids = (mods, tuple(id(t) for t in params), tuple(id(t) for t in bufs), tuple(attrs))
-        cached = (STRUCTURE_VERSION[0], ids, params + bufs)
-        object.__setattr__(module, "_hn_structure", cached)
-    return cached[1], tuple((t._data.shape, t._data.dtype, t._rg) for t in cached[2])
+            else:
+                live.append((m, name))
+    forwards = []
+    for m in module.modules():
+        fn = getattr(getattr(type(m), "forward", None), "__func__", getattr(type(m), "forward",
+                                                                            None))
+        if isinstance(fn, types.FunctionType) and fn not in forwards:
+            forwards.append(fn)
+    ids = (mods, tuple(id(t) for t in params), tuple(id(t) for t in bufs), tuple(attrs))
+    cached = (STRUCTURE_VERSION[0], ids, params + bufs, tuple(live), tuple(forwards))
+    object.__setattr__(module, "_hn_structure", cached)
+    return cached
+
+
+def module_live_key(module):
+    """The per-call part of a module's key: plain objects it holds, what forwards reach."""
+    env = tuple(env_key(fn, env_names(fn)) for fn in _structure(module)[4])
+    return module_objects_key(module), env
+
+
+def module_objects_key(module):
+    """The plain objects (configs, NumPy arrays...) the module tree holds, by key."""
+    return tuple(env_value_key(m.__dict__.get(name), (module,))
+                 for m, name in _structure(module)[3])
 
 
 def env_names(fn):
-    """The global names the function's code mentions."""
+    """The global names the function's code mentions (nested comprehensions, lambdas and
+    inner functions included)."""
     code = getattr(fn, "__code__", None)
-    if code is None:
+    glb = getattr(fn, "__globals__", None)
+    if code is None or glb is None:
         return ()
-    return tuple(n for n in code.co_names if n in getattr(fn, "__globals__", {}))
+    names, stack = [], [code]
+    while stack:
+        c = stack.pop()
+        names.extend(n for n in c.co_names if n in glb and n not in names)
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return tuple(names)
 
 
 def env_key(fn, names, seen=()):
@@ -90,11 +131,12 @@ def env_key(fn, names, seen=()):
 
 _ENV_VALUES = (int, float, bool, str, tuple, list, dict, type(None))
 _OPAQUE = (type, types.ModuleType, types.BuiltinFunctionType, types.MethodType,
-           functools.partial)
+           functools.partial, types.FunctionType)
+_ARRAY_BYTES = 1 << 20  # NumPy arrays up to this size are keyed by content
 
 
 def env_value_key(value, seen, glb=None):
-    """The key part for one value the function reaches (None: nothing to key)."""
+    """The key part for one value the function reaches."""
     if isinstance(value, Tensor):
         return id(value)
     if isinstance(value, Module):
@@ -107,27 +149,54 @@ def env_value_key(value, seen, glb=None):
         except Unsupported:
             return ("unsupported", id(value))
         return (spec, tuple(id(t) for t in leaves))
-    inner = getattr(value, "_hn_traced_fn", None)
+    if isinstance(value, (np.ndarray, np.generic)):
+        return _array_key(value)
+    inner = getattr(value, "_hn_traced_fn", None) if not isinstance(value, type) else None
     if inner is not None:  # a traced helper: what it reads counts too
         if inner.module is not None:
             return module_key(inner.module)
         value = inner.fn
         glb = getattr(value, "__globals__", None)
-    if isinstance(value, types.FunctionType):
+    if isinstance(value, types.FunctionType) and glb is not None and \
+            value.__globals__ is glb and value not in seen and len(seen) <= 4:
         # a helper defined beside the traced function: what it reads counts too
-        if glb is None or value.__globals__ is not glb or value in seen or len(seen) > 4:
-            return None
         return ("fn", id(value), env_key(value, env_names(value), seen))
+    if isinstance(value, type) and len(seen) <= 4 and _user_defined(value):
+        return ("cls", id(value), _attrs_key(
+            {k: v for k, v in vars(value).items() if not k.startswith("__") and
+             not callable(v)}, seen + (value,), glb))
     if isinstance(value, _OPAQUE) or len(seen) > 4:
-        return None
-    attrs = getattr(value, "__dict__", None)
-    if isinstance(attrs, dict) and not callable(value):
-        # a plain object (a config, a SimpleNamespace): its attributes may be read as
-        # constants, at any depth up to a few levels
-        inner_seen = seen + (value,)
-        return ("obj", id(value), tuple((k, env_value_key(v, inner_seen, glb))
-                                        for k, v in attrs.items() if v is not value))
-    return None
+        return ("id", id(value))  # other modules' functions, classes, builtins: identity
+    return ("obj", id(value), _attrs_key(_attributes(value), seen + (value,), glb))
+
+
+def _user_defined(cls) -> bool:
+    module = getattr(cls, "__module__", "") or ""
+    return module not in ("builtins", "abc") and not module.startswith(
+        ("hybridnet", "numpy", "compiler", "runtime"))
+
+
+def _attributes(obj) -> dict:
+    """An object's attributes: its __dict__ and its __slots__ values."""
+    attrs = dict(getattr(obj, "__dict__", None) or {})
+    for cls in type(obj).__mro__:
+        for name in getattr(cls, "__slots__", ()):
+            if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
+                attrs[name] = getattr(obj, name)
+    return attrs
+
+
+def _attrs_key(attrs, seen, glb):
+    return tuple((k, env_value_key(v, seen, glb)) for k, v in attrs.items()
+                 if all(v is not x for x in seen))
+
+
+def _array_key(value):
+    arr = np.asarray(value)
+    if arr.nbytes > _ARRAY_BYTES:
+        return ("nd", id(value), arr.dtype.str, arr.shape)  # (documented: identity only)
+    return ("nd", arr.dtype.str, arr.shape, hashlib.blake2b(arr.tobytes(), digest_size=16)
+            .digest())
 
 
 def describe_key_difference(new, old) -> str:

@@ -62,6 +62,21 @@ def _grad_check(tref, was_none, where):
     return Check(holds, f"{where}.grad is {'None' if was_none else 'a tensor'}")
 
 
+def _grad_is_check(tref, other, where):
+    """`t.grad` is still the very tensor `other` names (an argument, or another owner's
+    grad): the trace reads both through one input."""
+    def holds(flat):
+        t = tref.resolve(flat)
+        o = other(flat)
+        return t is not None and o is not None and t._grad is o
+    return Check(holds, f"{where}.grad is the same tensor as when traced")
+
+
+def _grad_of(tref, flat):
+    t = tref.resolve(flat)
+    return None if t is None else t._grad
+
+
 def _item_check(mapping, key, value):
     ref, expected = _weak(mapping), value_key(value)
 
@@ -80,14 +95,19 @@ def _attr_check(obj, name, value):
     return Check(holds, f"{type(obj).__name__}.{name} == {_short(value)}")
 
 
+def _optimizer_layout(opt):
+    """Which groups, holding which parameters (plain lists the version does not see)."""
+    return tuple((id(g), tuple(id(p) for p in dict.get(g, "params", ())))
+                 for g in opt.param_groups)
+
+
 def _optimizer_check(opt):
     ref, version = weakref.ref(opt), opt._hn_version[0]
-    groups = tuple(id(g) for g in opt.param_groups)
+    layout = _optimizer_layout(opt)
 
     def holds(flat):
         o = ref()
-        return o is not None and o._hn_version[0] == version and \
-            tuple(id(g) for g in o.param_groups) == groups
+        return o is not None and o._hn_version[0] == version and _optimizer_layout(o) == layout
     return Check(holds, f"{type(opt).__name__} state and settings unchanged (version {version})")
 
 
@@ -96,13 +116,24 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def entry_checks(recorder, tensor_ref) -> list:
-    """The Checks of a finished recording (see the module docstring)."""
+def entry_checks(recorder, tensor_ref, grad_of) -> list:
+    """The Checks of a finished recording (see the module docstring). `grad_of`: id(grad
+    tensor) -> the owner through whose `.grad` the trace reads it."""
     checks = []
     for t, first_read, value, _, _ in recorder.grads.values():
-        if first_read:
-            where = f"{type(t).__name__}{list(t.shape)}"
-            checks.append(_grad_check(tensor_ref(t), value is None, where))
+        if not first_read:
+            continue
+        where = f"{type(t).__name__}{list(t.shape)}"
+        checks.append(_grad_check(tensor_ref(t), value is None, where))
+        if value is None:
+            continue
+        value_ref = tensor_ref(value)
+        if value_ref.ref is None:  # the grad was an argument of the call
+            checks.append(_grad_is_check(tensor_ref(t), value_ref.resolve, where))
+        elif grad_of.get(id(value)) is not t:  # shared with another owner's grad
+            main = tensor_ref(grad_of[id(value)])
+            checks.append(_grad_is_check(
+                tensor_ref(t), lambda flat, main=main: _grad_of(main, flat), where))
     for mapping, key, value in recorder.item_reads.values():
         if key in getattr(mapping, "_hyper", ()):  # other keys: the optimizer's version
             checks.append(_item_check(mapping, key, value))
@@ -118,13 +149,14 @@ def entry_checks(recorder, tensor_ref) -> list:
 
 def _recording_getattribute(self, name):
     value = object.__getattribute__(self, name)
-    if type(value) in (list, dict) and name[:1] != "_":
+    if type(value) in (list, dict) and name not in _TABLES and name[:3] != "_hn":
         rec = active()
         if rec is not None and object.__getattribute__(self, "__dict__").get(name) is value:
             rec.note_attr(self, name, value)
     return value
 
 
+_TABLES = ("_parameters", "_buffers", "_modules", "__dict__")
 _installed = [0]
 
 

@@ -132,7 +132,7 @@ class Trace:
         src = self.tg.sources[pos]
         if src.kind == "arg":
             return flat[src.index]
-        return src.ref() if src.kind == "captured" else src.ref.resolve(flat)._grad
+        return src.ref() if src.kind == "captured" else src.ref[0].resolve(flat)._grad
 
 
 def _source_array(src, flat):
@@ -148,9 +148,14 @@ def _source_array(src, flat):
         return np.array(value, dtype=np.float64)
     if src.kind == "captured":
         t = src.ref()
-    else:  # "grad"
-        owner = src.ref.resolve(flat)
+    else:  # "grad": the owner's .grad, unless the tensor seen while tracing is alive and
+        # is no longer that grad (then the function may reach it another way)
+        owner_ref, seen_ref = src.ref
+        owner = owner_ref.resolve(flat)
         t = None if owner is None else owner._grad
+        seen = seen_ref()
+        if seen is not None and seen is not t:
+            return None
     if t is None or t._data.shape != src.shape or t._data.dtype != src.dtype or \
             t._rg is not src.rg:
         return None

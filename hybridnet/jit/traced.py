@@ -74,7 +74,7 @@ class TracedFunction:
         self.backend, self.dynamic, self.cache_limit = backend, dynamic, cache_limit
         self.stats = Stats()
         self.specializations = SpecializationCache(cache_limit)
-        self._env_fn = _forward_function(fn) if self.module is not None else fn
+        self._env_fn = None if self.module is not None else fn  # (modules: module_key)
         self._env_names = env_names(self._env_fn) if self._env_fn is not None else ()
         self._has_env = self._env_fn is not None and bool(
             self._env_names or getattr(self._env_fn, "__closure__", None) or
@@ -102,7 +102,8 @@ class TracedFunction:
     def __call__(self, *args, **kwargs):
         stats = self.stats
         stats.calls += 1
-        if jit_disabled():
+        if jit_disabled() or STATE.recorders:
+            # (inside an outer trace or hn.record() block, ops must run to be recorded)
             return self._eager(args, kwargs)
         for entry in self._hot:
             try:
@@ -327,11 +328,6 @@ class TracedModule(TracedFunction):
 
     def __repr__(self) -> str:
         return f"hn.trace({self.module!r})"
-
-
-def _forward_function(module):
-    forward = getattr(type(module), "forward", None)
-    return getattr(forward, "__func__", forward) if callable(forward) else None
 
 
 def _describe_inputs(key) -> str:

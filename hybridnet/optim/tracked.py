@@ -63,9 +63,17 @@ class ParamGroup(dict):
         bump(self._version)
         return dict.pop(self, *args)
 
+    def popitem(self):
+        bump(self._version)
+        return dict.popitem(self)
+
     def clear(self):
         bump(self._version)
         dict.clear(self)
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
 
     def __reduce__(self):  # copies and pickles are plain dicts
         return (dict, (dict(self),))
@@ -77,7 +85,7 @@ def _same_kind(old, new) -> bool:
         return True
     if type(old) is tuple and type(new) is tuple and len(old) == len(new):
         return all(_is_number(a) and _is_number(b) for a, b in zip(old, new))
-    return False
+    return False  # (lists too: they can change in place, unseen)
 
 
 class StateDict(dict):
@@ -109,9 +117,17 @@ class StateDict(dict):
         bump(self._version)
         return dict.pop(self, *args)
 
+    def popitem(self):
+        bump(self._version)
+        return dict.popitem(self)
+
     def clear(self):
         bump(self._version)
         dict.clear(self)
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
 
     def __reduce__(self):
         return (dict, (dict(self),))
@@ -129,6 +145,12 @@ def hyper(group, key):
         return value
     if type(value) is tuple:
         return tuple(_hyper_tensor(rec, group, key, i, v) for i, v in enumerate(value))
+    if not _is_number(value):  # (a list of numbers may change in place: not baked in)
+        rec.note_item(group, key, value)
+        if isinstance(value, list):
+            rec.untraceable(f"optimizer setting {key!r} is a list; use a tuple to compile "
+                            "the step")
+        return value
     return _hyper_tensor(rec, group, key, None, value)
 
 
@@ -159,22 +181,40 @@ def _recording_get(self, key, default=None):
     return value
 
 
+def _reading_all(method):
+    """A dict method that reads every value (items(), iteration, copy...): while a call
+    is traced it records a read of every setting."""
+    base = getattr(dict, method)
+
+    def hooked(self, *args):
+        rec = active()
+        if rec is not None:
+            for key in self._hyper:
+                if key in self:
+                    rec.note_item(self, key, dict.__getitem__(self, key))
+        return base(self, *args)
+    return hooked
+
+
+_HOOKS = {"__getitem__": _recording_getitem, "get": _recording_get,
+          **{m: _reading_all(m) for m in ("items", "values", "keys", "__iter__", "copy",
+                                          "__or__", "__eq__", "__repr__")}}
 _installed = [0]
 
 
 def install_read_hooks():
-    """While a call is traced, reads of `group[key]` by user code are recorded."""
+    """While a call is traced, reads of a group's settings by user code are recorded."""
     _installed[0] += 1
     if _installed[0] == 1:
-        ParamGroup.__getitem__ = _recording_getitem
-        ParamGroup.get = _recording_get
+        for name, hook in _HOOKS.items():
+            setattr(ParamGroup, name, hook)
 
 
 def remove_read_hooks():
     _installed[0] -= 1
     if _installed[0] == 0:
-        del ParamGroup.__getitem__
-        del ParamGroup.get
+        for name in _HOOKS:
+            delattr(ParamGroup, name)
 
 
 TRACE_HOOKS.append((install_read_hooks, remove_read_hooks))
