@@ -6,6 +6,8 @@ from the value seen while tracing; nothing has been written back then, so the
 caller may rerun eagerly. Outcomes are values (`Outcome`), never an in-band None.
 """
 
+import math
+
 import numpy as np
 
 
@@ -87,6 +89,9 @@ def _guard_holds(arr, kind, expected) -> bool:
     value = arr.reshape(-1)[0].item()
     if kind == "bool":
         return bool(value) == expected
-    if isinstance(expected, float) and expected != expected:
-        return value != value
+    if isinstance(expected, float):
+        if expected != expected:
+            return value != value
+        if expected == 0.0:  # -0.0 and 0.0 are different values to what follows
+            return value == 0.0 and math.copysign(1.0, value) == math.copysign(1.0, expected)
     return value == expected

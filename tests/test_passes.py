@@ -149,7 +149,7 @@ def test_constfold_golden_folds_chains_with_the_ops_impl():
 
 def test_simplify_golden_identities_and_chains():
     def fn(x):
-        a = hn.neg(hn.neg(x * 1.0 + 0.0)).T.T
+        a = hn.neg(hn.neg(x * 1.0 + -0.0)).T.T
         b = a.reshape(6).reshape(2, 3) ** 1.0 / 1.0
         return hn.sum(b - 0.0, dim=()) * 0.0 - b
     # Replaced nodes go; operands they leave unused (%3..%9 after) are for dce.
@@ -157,7 +157,7 @@ def test_simplify_golden_identities_and_chains():
         graph(%0: float32[2, 3]) {
           %1 = const(value=1.0, dtype='float32') : float32[]
           %2 = mul(%0, %1) : float32[2, 3]
-          %3 = const(value=0.0, dtype='float32') : float32[]
+          %3 = const(value=-0.0, dtype='float32') : float32[]
           %4 = add(%2, %3) : float32[2, 3]
           %5 = neg(%4) : float32[2, 3]
           %6 = neg(%5) : float32[2, 3]
@@ -179,7 +179,7 @@ def test_simplify_golden_identities_and_chains():
         }""", """
         graph(%0: float32[2, 3]) {
           %1 = const(value=1.0, dtype='float32') : float32[]
-          %2 = const(value=0.0, dtype='float32') : float32[]
+          %2 = const(value=-0.0, dtype='float32') : float32[]
           %3 = neg(%0) : float32[2, 3]
           %4 = permute(%0, dims=(1, 0)) : float32[3, 2]
           %5 = reshape(%0, shape=(6,)) : float32[6]
@@ -194,6 +194,18 @@ def test_simplify_golden_identities_and_chains():
 
 
 # ---- rules that must not fire -----------------------------------------------------------
+
+
+def test_adding_positive_zero_is_kept_for_floats_only():
+    def fn(x):
+        return x + 0.0
+    g, changed = AlgebraicSimplification().run(recorded(fn, (3,)))
+    assert not changed  # -0.0 + 0.0 is +0.0: not an identity in IEEE arithmetic
+    xi = hn.tensor([1, 2, 3])
+    with hn.record() as rec:
+        xi + 0
+    g, changed = AlgebraicSimplification().run(rec.graph)
+    assert changed and g.outputs[0].op == "input"
 
 
 def test_simplify_never_changes_shape_or_dtype_and_keeps_unsafe_forms():

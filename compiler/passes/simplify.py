@@ -24,7 +24,11 @@ def is_const(node: Node, value) -> bool:
     if node.op != "const":
         return False
     arr = REGISTRY["const"].impl(**node.attrs)
-    return arr.dtype.kind != "O" and bool(np.all(arr == value))
+    if arr.dtype.kind == "O" or not bool(np.all(arr == value)):
+        return False
+    if arr.dtype.kind == "f" and value == 0:  # IEEE: the zero's sign matters (-0.0 + 0.0)
+        return bool(np.all(np.signbit(arr) == np.signbit(value)))
+    return True
 
 
 def _operand_if_same_type(node: Node, operand: Node) -> Node | None:

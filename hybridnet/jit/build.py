@@ -74,6 +74,7 @@ class TraceGraph:
     checks: list = field(default_factory=list)  # reads.Check: what the trace read
     grad_writes: list = field(default_factory=list)  # (TensorRef, None | output index)
     version_bumps: list = field(default_factory=list)  # (input position, count)
+    readonly: list = field(default_factory=list)  # per result: eager's array is read-only
 
 
 class _Builder:
@@ -201,42 +202,80 @@ def build(recorder, flat_args, arg_nodes, result_leaves) -> TraceGraph:
     if recorder.mutated:
         _check_aliasing(b, recorder, [node_of(t) for t in result_leaves])
     writebacks = _writebacks(b, recorder, out_nodes)
-    grad_writes = _grad_writes(b, recorder, out_nodes)
-    outputs = [_result_source(b, t, k) for k, t in enumerate(result_leaves)]
+    grad_writes = _grad_writes(b, recorder, out_nodes, result_leaves)
+    outputs = [_result_source(b, t, k, result_leaves) for k, t in enumerate(result_leaves)]
+    fresh = _fresh_results(b, result_leaves)
+    for k, t in enumerate(result_leaves):
+        if outputs[k][0] == "out" and not fresh[k]:
+            outputs[k] = _view_source(b, recorder, t, result_leaves[:k])
     graph = Graph(b.inputs + b.consts + body, b.inputs, out_nodes)
     return TraceGraph(graph, b.sources, outputs, guards, writebacks, n_results,
-                      fresh=_fresh_results(b, result_leaves),
+                      fresh=fresh, readonly=[not t._data.flags.writeable for t in result_leaves],
                       checks=entry_checks(recorder, b.tensor_ref, b.grad_of),
                       grad_writes=grad_writes,
                       version_bumps=b.version_bumps)
 
 
-def _result_source(b, t, k):
-    """A result that is a tensor from outside the call (an argument, a parameter) is
-    returned as that very object, as eager returns it."""
+def _result_source(b, t, k, result_leaves):
+    """A result that is a tensor from outside the call (an argument, a parameter), or one
+    returned twice, is returned as that very object, as eager returns it."""
     for i, a in enumerate(b.flat):
         if a is t:
             return ("arg", i)
+    for j in range(k):
+        if result_leaves[j] is t:
+            return ("same", j)
     pos = b.source_of_tensor.get(id(t))
     if pos is not None and b.sources[pos].kind in ("captured", "grad"):
         return ("captured", pos)
     return ("out", k)
 
 
-def _grad_writes(b, recorder, out_nodes):
+def _view_source(b, recorder, t, earlier):
+    """A result that is a view (reshape, permute, expand, slice, detach) of an input, of a
+    tensor updated in place, or of an earlier result: ("view", base, ops), replayed with
+    the ops' NumPy impls on the base at call time so it shares memory and the version
+    counter as in eager."""
+    input_pos = {id(node): i for i, node in enumerate(b.inputs)}
+    finals = {id(u._node): b.source_of_tensor[id(u)] for u in recorder.mutated
+              if id(u) in b.source_of_tensor and u._node is not None}
+    results = {id(node_of(r)): j for j, r in enumerate(earlier)}
+    node, chain = node_of(t), []
+    while True:
+        mapped = b.mapping.get(id(node))
+        if mapped is not None and id(mapped) in input_pos:
+            return ("view", ("input", input_pos[id(mapped)]), tuple(reversed(chain)))
+        if id(node) in finals:
+            return ("view", ("input", finals[id(node)]), tuple(reversed(chain)))
+        if id(node) in results:
+            return ("view", ("result", results[id(node)]), tuple(reversed(chain)))
+        opdef = node.opdef if node.op not in ("input", "const") else None
+        if opdef is None or not opdef.has("movement") or len(node.inputs) != 1 or not (
+                np.may_share_memory(node.value, node.inputs[0].value)):
+            raise Untraceable(f"a result ({t._data.dtype}{list(t.shape)}) shares memory with "
+                              "an input or another result in a way the JIT cannot replay")
+        chain.append((node.op, dict(node.attrs)))
+        node = node.inputs[0]
+
+
+def _grad_writes(b, recorder, out_nodes, result_leaves):
     """`.grad` assignments the call made (zero_grad(), p.grad = ...), replayed after the
-    kernel: None, or a value the graph computed."""
+    kernel: (owner, None | output index, index of the result that is the same tensor)."""
     writes = []
+    outside = [t._data for t in b.flat] + [
+        t._data for t in (s.ref() for s in b.sources if s.kind == "captured") if t is not None]
     for t, _, _, written, value in recorder.grads.values():
         if not written:
             continue
         if value is None:
-            writes.append((b.tensor_ref(t), None))
+            writes.append((b.tensor_ref(t), None, None))
             continue
-        if id(value) not in recorder.created and id(node_of(value)) not in b.recorded:
-            raise Untraceable("the call assigns a tensor from outside it to .grad; the JIT "
-                              "cannot replay that yet")
-        writes.append((b.tensor_ref(t), len(out_nodes)))
+        if id(value) not in recorder.created and id(node_of(value)) not in b.recorded or \
+                any(np.may_share_memory(value._data, a) for a in outside):
+            raise Untraceable("the call assigns a tensor from outside it (or a view of one) to "
+                              ".grad; the JIT cannot replay that yet")
+        same = next((k for k, r in enumerate(result_leaves) if r is value), None)
+        writes.append((b.tensor_ref(t), len(out_nodes), same))
         out_nodes.append(b.value(node_of(value)))
     return writes
 

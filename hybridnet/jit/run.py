@@ -10,6 +10,7 @@ same objects), or SIDE_EXIT, STALE, ALIASED or FAILED.
 
 import numpy as np
 
+from compiler.ops import REGISTRY
 from runtime.executor import ALIASED, SIDE_EXIT, STALE, Outcome
 
 from ..dispatch import version_counter
@@ -31,7 +32,7 @@ class Trace:
         self._simple = all(s.kind == "arg" for s in tg.sources) and not tg.checks
         self._arg_index = [s.index for s in tg.sources]
         self._single = tg.result_spec == ("T",) and tg.outputs == [("out", 0)] and \
-            not tg.grad_writes
+            not tg.grad_writes and not tg.readonly[0]
 
     def gather(self, flat):
         """The kernel's input arrays, or None when a source no longer matches the trace."""
@@ -112,20 +113,38 @@ class Trace:
         for pos, count in self.tg.version_bumps:  # as eager's in-place ops bumped them
             version_counter(self._source_tensor(pos, flat))[0] += count
         if self._single:
-            return Outcome(Outcome.RESULT, Tensor._wrap(outs[0]))
-        for tref, k in self.tg.grad_writes:
+            return Outcome(Outcome.RESULT, self._fresh(outs, 0))
+        leaves = []
+        for out in self.tg.outputs:
+            kind, i = out[0], out[1]
+            leaves.append(self._fresh(outs, i) if kind == "out" else flat[i] if kind == "arg"
+                          else leaves[i] if kind == "same" else self._view(out, leaves, flat)
+                          if kind == "view" else self._source_tensor(i, flat))
+        for tref, k, same in self.tg.grad_writes:
             owner = tref.resolve(flat)
-            owner._grad = None if k is None else Tensor._wrap(
-                np.array(outs[k], copy=True).reshape(self.tg.graph.outputs[k].shape))
-        leaves = [self._leaf(kind, i, outs, flat) for kind, i in self.tg.outputs]
+            if k is None:
+                owner._grad = None
+            else:
+                owner._grad = leaves[same] if same is not None else Tensor._wrap(
+                    np.array(outs[k], copy=True).reshape(self.tg.graph.outputs[k].shape))
         return Outcome(Outcome.RESULT, unflatten(self.tg.result_spec, leaves))
 
-    def _leaf(self, kind, i, outs, flat):
-        if kind == "out":
-            return Tensor._wrap(outs[i])
-        if kind == "arg":
-            return flat[i]
-        return self._source_tensor(i, flat)
+    def _view(self, out, leaves, flat):
+        """A result that eager returned as a view: the same ops on the same base."""
+        (where, i), chain = out[1], out[2]
+        base = self._source_tensor(i, flat) if where == "input" else leaves[i]
+        arr = base._data
+        for op, attrs in chain:
+            arr = REGISTRY[op].impl(arr, **attrs)
+        t = Tensor._wrap(arr)
+        t._vc = version_counter(base)
+        return t
+
+    def _fresh(self, outs, k):
+        t = Tensor._wrap(outs[k])
+        if self.tg.readonly[k]:  # eager gave a read-only view (expand): so does this
+            t._data.flags.writeable = False
+        return t
 
     def _source_tensor(self, pos, flat):
         """The tensor behind input `pos` (an argument, captured or a .grad)."""
