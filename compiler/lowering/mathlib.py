@@ -15,8 +15,8 @@ within 2 ulp of the correctly rounded result -- 1 ulp measured over all 2**32 in
 and signed-zero cases are exact.
 
 Fast-math robustness: `inline='always'` inlines the body at numba-IR level, so it is
-compiled with the *caller's* fast-math flags (the runtime engine uses reassoc, contract,
-nsz). The steps whose exactness or evaluation order matters are therefore emitted by the
+compiled with the *caller's* fast-math flags (the runtime engine uses reassoc and
+contract). The steps whose exactness or evaluation order matters are therefore emitted by the
 intrinsics below, which reassociation cannot see through: rounding to an integer
 (llvm.rint), the Cody-Waite reduction (llvm.fmuladd), the final additions (fadd with an
 explicit 'contract' flag -- numba's fast-math pass only adds flags to float instructions
