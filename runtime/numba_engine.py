@@ -22,7 +22,7 @@ import numpy as np
 
 # Flags that keep IEEE inf/nan semantics (no 'nnan'/'ninf') but let LLVM vectorize
 # reductions and fuse multiply-adds.
-FASTMATH = {"reassoc", "contract", "nsz"}
+FASTMATH = {"reassoc", "contract"}  # no nsz: LLVM would fold x + 0.0 and (x + c) - c
 
 
 class CompiledKernel:
