@@ -32,17 +32,19 @@ def _is_number(value) -> bool:
     return type(value) in _NUMBER
 
 
-class ParamGroup(dict):
-    """A parameter group: a dict whose writes bump its optimizer's version (except new
-    numbers for the hyper-parameter keys the optimizer reads through `hyper`)."""
+class VersionedDict(dict):
+    """A dict whose every write bumps the version counter it was given (subclasses may
+    exempt some writes in `_structural`)."""
 
-    def __init__(self, data, version, hyper_keys):
+    def __init__(self, version, data=()):
         super().__init__(data)
         self._version = version
-        self._hyper = hyper_keys
+
+    def _structural(self, key, value) -> bool:
+        return True
 
     def __setitem__(self, key, value):
-        if not (key in self._hyper and _same_kind(dict.get(self, key), value)):
+        if self._structural(key, value):
             bump(self._version)
         dict.__setitem__(self, key, value)
 
@@ -79,6 +81,18 @@ class ParamGroup(dict):
         return (dict, (dict(self),))
 
 
+class ParamGroup(VersionedDict):
+    """A parameter group: writes bump its optimizer's version, except new numbers for the
+    hyper-parameter keys the optimizer reads through `hyper`."""
+
+    def __init__(self, data, version, hyper_keys):
+        super().__init__(version, data)
+        self._hyper = hyper_keys
+
+    def _structural(self, key, value) -> bool:
+        return not (key in self._hyper and _same_kind(dict.get(self, key), value))
+
+
 def _same_kind(old, new) -> bool:
     """A new value a traced step can take as a runtime input without retracing."""
     if _is_number(old) and _is_number(new):
@@ -88,49 +102,8 @@ def _same_kind(old, new) -> bool:
     return False  # (lists too: they can change in place, unseen)
 
 
-class StateDict(dict):
-    """Optimizer state (per parameter, and the mapping parameter -> state): a dict whose
-    writes bump the optimizer's version."""
-
-    def __init__(self, version, data=()):
-        super().__init__(data)
-        self._version = version
-
-    def __setitem__(self, key, value):
-        bump(self._version)
-        dict.__setitem__(self, key, value)
-
-    def __delitem__(self, key):
-        bump(self._version)
-        dict.__delitem__(self, key)
-
-    def setdefault(self, key, default=None):
-        if key not in self:
-            self[key] = default
-        return dict.__getitem__(self, key)
-
-    def update(self, *args, **kwargs):
-        bump(self._version)
-        dict.update(self, *args, **kwargs)
-
-    def pop(self, *args):
-        bump(self._version)
-        return dict.pop(self, *args)
-
-    def popitem(self):
-        bump(self._version)
-        return dict.popitem(self)
-
-    def clear(self):
-        bump(self._version)
-        dict.clear(self)
-
-    def __ior__(self, other):
-        self.update(other)
-        return self
-
-    def __reduce__(self):
-        return (dict, (dict(self),))
+class StateDict(VersionedDict):
+    """Optimizer state (per parameter, and the mapping parameter -> state)."""
 
 
 def hyper(group, key):
