@@ -72,8 +72,9 @@ def test_learning_rate_changed_between_calls_is_honoured_without_recompiling():
             step()
             steps.append(float((before - _values(w))[0]))
     np.testing.assert_allclose(steps, [0.1, 0.1, 0.1, 1.0, 0.5, 0.25], rtol=1e-6)
-    assert step.stats.compiles == 1
-    assert step.stats.compiled_calls >= 4
+    assert step.stats.compiles + step.stats.kernel_reuses == 1  # (a kernel another test
+    assert step.stats.traces == 2  # compiled may be reused) traced once after the first step
+    assert step.stats.compiled_calls == 4
 
 
 @pytest.mark.parametrize("make", [
