@@ -75,6 +75,7 @@ class TraceGraph:
     grad_writes: list = field(default_factory=list)  # (TensorRef, None | output index)
     version_bumps: list = field(default_factory=list)  # (input position, count)
     readonly: list = field(default_factory=list)  # per result: eager's array is read-only
+    versions: list = field(default_factory=list)  # per result: its version counter's value
 
 
 class _Builder:
@@ -206,11 +207,19 @@ def build(recorder, flat_args, arg_nodes, result_leaves) -> TraceGraph:
     outputs = [_result_source(b, t, k, result_leaves) for k, t in enumerate(result_leaves)]
     fresh = _fresh_results(b, result_leaves)
     for k, t in enumerate(result_leaves):
-        if outputs[k][0] == "out" and not fresh[k]:
-            outputs[k] = _view_source(b, recorder, t, result_leaves[:k])
+        if outputs[k][0] == "out":
+            view = _view_source(b, recorder, t, result_leaves[:k])
+            if view is not None:
+                outputs[k] = view
+            elif not fresh[k]:
+                raise Untraceable(f"a result ({t._data.dtype}{list(t.shape)}) shares memory "
+                                  "with an input or another result in a way the JIT cannot "
+                                  "replay")
+    _check_grad_aliases(recorder, result_leaves)
     graph = Graph(b.inputs + b.consts + body, b.inputs, out_nodes)
     return TraceGraph(graph, b.sources, outputs, guards, writebacks, n_results,
                       fresh=fresh, readonly=[not t._data.flags.writeable for t in result_leaves],
+                      versions=[t._version for t in result_leaves],
                       checks=entry_checks(recorder, b.tensor_ref, b.grad_of),
                       grad_writes=grad_writes,
                       version_bumps=b.version_bumps)
@@ -232,10 +241,11 @@ def _result_source(b, t, k, result_leaves):
 
 
 def _view_source(b, recorder, t, earlier):
-    """A result that is a view (reshape, permute, expand, slice, detach) of an input, of a
-    tensor updated in place, or of an earlier result: ("view", base, ops), replayed with
-    the ops' NumPy impls on the base at call time so it shares memory and the version
-    counter as in eager."""
+    """A result made by movement ops (reshape, permute, expand, slice, detach) from an
+    input, a tensor updated in place, or an earlier result: ("view", base, ops), replayed
+    with the ops' NumPy impls on the base at call time, so it is a view or a copy, shares
+    memory and the version counter, exactly as in eager for that call's layout (None if
+    it is not such a result)."""
     input_pos = {id(node): i for i, node in enumerate(b.inputs)}
     finals = {id(u._node): b.source_of_tensor[id(u)] for u in recorder.mutated
               if id(u) in b.source_of_tensor and u._node is not None}
@@ -243,19 +253,27 @@ def _view_source(b, recorder, t, earlier):
     node, chain = node_of(t), []
     while True:
         mapped = b.mapping.get(id(node))
-        if mapped is not None and id(mapped) in input_pos:
-            return ("view", ("input", input_pos[id(mapped)]), tuple(reversed(chain)))
-        if id(node) in finals:
-            return ("view", ("input", finals[id(node)]), tuple(reversed(chain)))
-        if id(node) in results:
-            return ("view", ("result", results[id(node)]), tuple(reversed(chain)))
+        base = ("input", input_pos[id(mapped)]) if mapped is not None and \
+            id(mapped) in input_pos else ("input", finals[id(node)]) if id(node) in finals \
+            else ("result", results[id(node)]) if id(node) in results else None
+        if base is not None:
+            return ("view", base, tuple(reversed(chain))) if chain else None
         opdef = node.opdef if node.op not in ("input", "const") else None
-        if opdef is None or not opdef.has("movement") or len(node.inputs) != 1 or not (
-                np.may_share_memory(node.value, node.inputs[0].value)):
-            raise Untraceable(f"a result ({t._data.dtype}{list(t.shape)}) shares memory with "
-                              "an input or another result in a way the JIT cannot replay")
+        if opdef is None or not opdef.has("movement") or len(node.inputs) != 1:
+            return None
         chain.append((node.op, dict(node.attrs)))
         node = node.inputs[0]
+
+
+def _check_grad_aliases(recorder, result_leaves):
+    """A value assigned to .grad that shares memory with a result (not the same tensor)
+    cannot be replayed: eager returns views of one buffer."""
+    values = [e[4] for e in recorder.grads.values() if e[3] and e[4] is not None]
+    for v in values:
+        for r in result_leaves:
+            if r is not v and np.may_share_memory(r._data, v._data):
+                raise Untraceable("a result shares memory with a tensor the call assigns to "
+                                  ".grad; the JIT cannot replay that yet")
 
 
 def _grad_writes(b, recorder, out_nodes, result_leaves):
@@ -268,14 +286,14 @@ def _grad_writes(b, recorder, out_nodes, result_leaves):
         if not written:
             continue
         if value is None:
-            writes.append((b.tensor_ref(t), None, None))
+            writes.append((b.tensor_ref(t), None, None, 0))
             continue
         if id(value) not in recorder.created and id(node_of(value)) not in b.recorded or \
                 any(np.may_share_memory(value._data, a) for a in outside):
             raise Untraceable("the call assigns a tensor from outside it (or a view of one) to "
                               ".grad; the JIT cannot replay that yet")
         same = next((k for k, r in enumerate(result_leaves) if r is value), None)
-        writes.append((b.tensor_ref(t), len(out_nodes), same))
+        writes.append((b.tensor_ref(t), len(out_nodes), same, value._version))
         out_nodes.append(b.value(node_of(value)))
     return writes
 

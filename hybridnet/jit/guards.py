@@ -88,7 +88,7 @@ def _module(w, module):
     reach by name as for a traced function."""
     w.fail_unless("SV[0] == VER[0]")
     structure = _structure(module)
-    if structure[3]:
+    if structure[3] or structure[5]:
         live = module_objects_key(module)
         w.fail_unless(f"MOK({w.const(module, 'M')}) == {w.const(live)}")
     for fn in structure[4]:
@@ -105,8 +105,8 @@ def _reached(w, expr, value, fn):
         w.complex_env = True  # class attributes: the full env key
         return
     if isinstance(value, (Tensor, Optimizer)) or isinstance(value, _OPAQUE) or value is None:
-        if isinstance(value, types.FunctionType) and value.__globals__ is fn.__globals__:
-            w.complex_env = True  # a helper beside it: what it reads counts too
+        if isinstance(value, types.FunctionType) and _user_defined(value):
+            w.complex_env = True  # a helper: what it reads counts too
             return
         w.fail_unless(f"{expr} is {w.const(value, 'G')}")
         if isinstance(value, Optimizer):

@@ -64,14 +64,16 @@ def _structure(module):
                 attrs.append((id(m), name, env_value_key(value, ())))
             else:
                 live.append((m, name))
-    forwards = []
+    forwards, classes = [], []
     for m in module.modules():
-        fn = getattr(getattr(type(m), "forward", None), "__func__", getattr(type(m), "forward",
-                                                                            None))
-        if isinstance(fn, types.FunctionType) and fn not in forwards:
-            forwards.append(fn)
+        fn = getattr(type(m), "forward", None)
+        fns = ((fn,) if isinstance(fn, types.FunctionType) else ()) + class_functions(type(m))
+        forwards.extend(f for f in fns if f not in forwards)
+        if _user_defined(type(m)) and type(m) not in classes:
+            classes.append(type(m))
     ids = (mods, tuple(id(t) for t in params), tuple(id(t) for t in bufs), tuple(attrs))
-    cached = (STRUCTURE_VERSION[0], ids, params + bufs, tuple(live), tuple(forwards))
+    cached = (STRUCTURE_VERSION[0], ids, params + bufs, tuple(live), tuple(forwards),
+              tuple(classes))
     object.__setattr__(module, "_hn_structure", cached)
     return cached
 
@@ -83,9 +85,11 @@ def module_live_key(module):
 
 
 def module_objects_key(module):
-    """The plain objects (configs, NumPy arrays...) the module tree holds, by key."""
-    return tuple(env_value_key(m.__dict__.get(name), (module,))
-                 for m, name in _structure(module)[3])
+    """The plain objects (configs, NumPy arrays...) the module tree holds and the class
+    attributes of its user-defined classes, by key."""
+    cached = _structure(module)
+    return (tuple(env_value_key(m.__dict__.get(name), (module,)) for m, name in cached[3]),
+            tuple(_attrs_key(class_attrs(c), (module, c), None) for c in cached[5]))
 
 
 def env_names(fn):
@@ -133,47 +137,97 @@ _ENV_VALUES = (int, float, bool, str, tuple, list, dict, type(None))
 _OPAQUE = (type, types.ModuleType, types.BuiltinFunctionType, types.MethodType,
            functools.partial, types.FunctionType)
 _ARRAY_BYTES = 1 << 20  # NumPy arrays up to this size are keyed by content
+_DEPTH = 16  # how deep helpers and objects are followed; deeper ones count by identity
 
 
 def env_value_key(value, seen, glb=None):
     """The key part for one value the function reaches."""
     if isinstance(value, Tensor):
         return id(value)
+    if isinstance(value, _SIMPLE):
+        return (type(value), value.hex() if isinstance(value, float) else value)
+    if any(value is x for x in seen):
+        return ("seen", id(value))
     if isinstance(value, Module):
         return module_key(value)
     if isinstance(value, Optimizer):  # settings and state: versioned (optim/tracked.py)
         return ("opt", id(value), value._hn_version[0])
     if isinstance(value, _ENV_VALUES):
-        try:
-            leaves, spec = flatten(value)
-        except Unsupported:
-            return ("unsupported", id(value))
-        return (spec, tuple(id(t) for t in leaves))
+        return _container_key(value, seen + (value,), glb)
     if isinstance(value, (np.ndarray, np.generic)):
         return _array_key(value)
+    if len(seen) > _DEPTH:
+        return ("id", id(value))
     inner = getattr(value, "_hn_traced_fn", None) if not isinstance(value, type) else None
     if inner is not None:  # a traced helper: what it reads counts too
         if inner.module is not None:
             return module_key(inner.module)
         value = inner.fn
-        glb = getattr(value, "__globals__", None)
-    if isinstance(value, types.FunctionType) and glb is not None and \
-            value.__globals__ is glb and value not in seen and len(seen) <= 4:
-        # a helper defined beside the traced function: what it reads counts too
+    if isinstance(value, types.FunctionType) and _user_defined(value):
+        # a helper function: what it reads counts too
         return ("fn", id(value), env_key(value, env_names(value), seen))
-    if isinstance(value, type) and len(seen) <= 4 and _user_defined(value):
-        return ("cls", id(value), _attrs_key(
-            {k: v for k, v in vars(value).items() if not k.startswith("__") and
-             not callable(v)}, seen + (value,), glb))
-    if isinstance(value, _OPAQUE) or len(seen) > 4:
-        return ("id", id(value))  # other modules' functions, classes, builtins: identity
-    return ("obj", id(value), _attrs_key(_attributes(value), seen + (value,), glb))
+    if isinstance(value, type) and _user_defined(value):
+        inner_seen = seen + (value,)
+        return ("cls", id(value), _attrs_key(class_attrs(value), inner_seen, glb),
+                _functions_key(value, inner_seen))
+    if isinstance(value, _OPAQUE):
+        return ("id", id(value))  # other libraries' functions, classes, builtins: identity
+    inner_seen = seen + (value,)
+    return ("obj", id(value), _attrs_key(_attributes(value), inner_seen, glb),
+            _attrs_key(class_attrs(type(value)), inner_seen, glb),
+            _functions_key(type(value), inner_seen))
 
 
-def _user_defined(cls) -> bool:
-    module = getattr(cls, "__module__", "") or ""
-    return module not in ("builtins", "abc") and not module.startswith(
-        ("hybridnet", "numpy", "compiler", "runtime"))
+def _container_key(value, seen, glb):
+    try:
+        leaves, spec = flatten(value)
+        return (spec, tuple(id(t) for t in leaves))
+    except Unsupported:  # (NumPy values, objects inside): element by element
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        return (type(value), tuple((k, env_value_key(v, seen, glb)) for k, v in items))
+
+
+def _functions_key(cls, seen):
+    """What the methods (and properties) of a user-defined class reach by name."""
+    return tuple(env_key(f, env_names(f), seen) for f in class_functions(cls))
+
+
+def class_functions(cls) -> tuple:
+    """The functions of the user-defined classes in `cls`'s MRO: methods, static and class
+    methods, property getters and setters."""
+    found = []
+    for c in getattr(cls, "__mro__", ()):
+        if not _user_defined(c):
+            continue
+        for v in vars(c).values():
+            if isinstance(v, (staticmethod, classmethod)):
+                v = v.__func__
+            fns = (v.fget, v.fset) if isinstance(v, property) else (v,)
+            found.extend(f for f in fns if isinstance(f, types.FunctionType) and
+                         f not in found)
+    return tuple(found)
+
+
+def class_attrs(cls) -> dict:
+    """Plain class attributes (not functions or descriptors) of the user-defined classes in
+    `cls`'s MRO, the subclass's first."""
+    attrs = {}
+    for c in getattr(cls, "__mro__", ()):
+        if not _user_defined(c):
+            continue
+        for k, v in vars(c).items():
+            if k.startswith("__") or k in attrs or callable(v) or \
+                    isinstance(v, (staticmethod, classmethod, property)):
+                continue
+            attrs[k] = v
+    return attrs
+
+
+def _user_defined(obj) -> bool:
+    """A class or function of the user's code (not Python's, NumPy's or hybridnet's)."""
+    module = getattr(obj, "__module__", "") or ""
+    return module not in ("builtins", "abc", "types", "functools") and not module.startswith(
+        ("hybridnet", "numpy", "compiler", "runtime", "_"))
 
 
 def _attributes(obj) -> dict:

@@ -32,7 +32,7 @@ class Trace:
         self._simple = all(s.kind == "arg" for s in tg.sources) and not tg.checks
         self._arg_index = [s.index for s in tg.sources]
         self._single = tg.result_spec == ("T",) and tg.outputs == [("out", 0)] and \
-            not tg.grad_writes and not tg.readonly[0]
+            not tg.grad_writes and not tg.readonly[0] and not tg.versions[0]
 
     def gather(self, flat):
         """The kernel's input arrays, or None when a source no longer matches the trace."""
@@ -120,13 +120,18 @@ class Trace:
             leaves.append(self._fresh(outs, i) if kind == "out" else flat[i] if kind == "arg"
                           else leaves[i] if kind == "same" else self._view(out, leaves, flat)
                           if kind == "view" else self._source_tensor(i, flat))
-        for tref, k, same in self.tg.grad_writes:
+        for tref, k, same, version in self.tg.grad_writes:
             owner = tref.resolve(flat)
             if k is None:
                 owner._grad = None
+            elif same is not None:
+                owner._grad = leaves[same]
             else:
-                owner._grad = leaves[same] if same is not None else Tensor._wrap(
+                g = Tensor._wrap(
                     np.array(outs[k], copy=True).reshape(self.tg.graph.outputs[k].shape))
+                if version:
+                    g._vc = [version]
+                owner._grad = g
         return Outcome(Outcome.RESULT, unflatten(self.tg.result_spec, leaves))
 
     def _view(self, out, leaves, flat):
@@ -137,13 +142,16 @@ class Trace:
         for op, attrs in chain:
             arr = REGISTRY[op].impl(arr, **attrs)
         t = Tensor._wrap(arr)
-        t._vc = version_counter(base)
+        if np.may_share_memory(arr, base._data):  # (as hybridnet.shape._view decides)
+            t._vc = version_counter(base)
         return t
 
     def _fresh(self, outs, k):
         t = Tensor._wrap(outs[k])
         if self.tg.readonly[k]:  # eager gave a read-only view (expand): so does this
             t._data.flags.writeable = False
+        if self.tg.versions[k]:  # made and updated in place inside the call
+            t._vc = [self.tg.versions[k]]
         return t
 
     def _source_tensor(self, pos, flat):

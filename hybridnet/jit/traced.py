@@ -75,11 +75,8 @@ class TracedFunction:
         self.stats = Stats()
         self.specializations = SpecializationCache(cache_limit)
         self._env_fn = None if self.module is not None else fn  # (modules: module_key)
-        self._env_names = env_names(self._env_fn) if self._env_fn is not None else ()
-        self._has_env = self._env_fn is not None and bool(
-            self._env_names or getattr(self._env_fn, "__closure__", None) or
-            getattr(self._env_fn, "__defaults__", None) or
-            getattr(self._env_fn, "__kwdefaults__", None))
+        self._globals_size = -1
+        self._refresh_env()
         self._hot = []  # specializations with a guard function, most recently hit first
         self._stale = {}  # key -> how often its traces went stale
         self._hn_traced_fn = self
@@ -88,7 +85,21 @@ class TracedFunction:
 
     # -- keys -------------------------------------------------------------------------------
 
+    def _refresh_env(self):
+        """The global names the function mentions, looked up again whenever its module
+        gained or lost globals (names defined below the decorator count too)."""
+        fn = self._env_fn
+        glb = getattr(fn, "__globals__", None)
+        if glb is not None and len(glb) == self._globals_size:
+            return
+        self._globals_size = -1 if glb is None else len(glb)
+        self._env_names = env_names(fn) if fn is not None else ()
+        self._has_env = fn is not None and bool(
+            self._env_names or getattr(fn, "__closure__", None) or
+            getattr(fn, "__defaults__", None) or getattr(fn, "__kwdefaults__", None))
+
     def _key(self, flat, spec):
+        self._refresh_env()
         metas = tuple((t._data.shape, t._data.dtype, t._rg) for t in flat)
         key = (spec, metas, STATE.grad, same_tensors(flat))
         if self.module is not None:
