@@ -79,8 +79,9 @@ class TraceGraph:
 
 
 class _Builder:
-    def __init__(self, recorder, flat_args, arg_nodes):
+    def __init__(self, recorder, flat_args, arg_nodes, pinned):
         self.rec = recorder
+        self.pinned = pinned
         self.flat = flat_args
         self.arg_index = {id(n): i for i, n in enumerate(arg_nodes)}
         self.recorded = {id(n) for n in recorder.nodes}
@@ -158,10 +159,12 @@ class _Builder:
     def source_for(self, t) -> Source:
         """How a call finds tensor `t` from outside it (not an argument)."""
         meta = dict(shape=t.shape, dtype=t._data.dtype, rg=t._rg)
-        if id(t) in self.grad_of:  # read through owner.grad, as long as that is still t
-            # or t is gone (a tensor still alive elsewhere may be reached another way)
-            return Source("grad", ref=(self.tensor_ref(self.grad_of[id(t)]), weakref.ref(t)),
-                          **meta)
+        if id(t) in self.grad_of:
+            # read through owner.grad; when the function can reach t another way too (the
+            # key pins its identity: a closure, a global, a module tensor), only as long as
+            # owner.grad is still t or t is gone
+            seen = weakref.ref(t) if id(t) in self.pinned else None
+            return Source("grad", ref=(self.tensor_ref(self.grad_of[id(t)]), seen), **meta)
         return Source("captured", ref=weakref.ref(t), **meta)
 
     # -- the body ---------------------------------------------------------------------------
@@ -184,15 +187,16 @@ class _Builder:
         return nodes
 
 
-def build(recorder, flat_args, arg_nodes, result_leaves) -> TraceGraph:
-    """The TraceGraph of a finished recording (call while still inside the recorder)."""
+def build(recorder, flat_args, arg_nodes, result_leaves, pinned=frozenset()) -> TraceGraph:
+    """The TraceGraph of a finished recording (call while still inside the recorder).
+    `pinned`: ids of the tensors the static key holds by identity (reached by name)."""
     if recorder.reasons:
         raise Untraceable("; ".join(recorder.reasons))
     if recorder.state_changed():
         raise Untraceable("the call changed module attributes or optimizer state or settings "
                           "(an optimizer's first step creates its state); such a call runs "
                           "eagerly and the next one is traced again", retry=True)
-    b = _Builder(recorder, flat_args, arg_nodes)
+    b = _Builder(recorder, flat_args, arg_nodes, pinned | _tensors_in_reads(recorder))
     body = b.body()
     out_nodes = [b.value(node_of(t)) for t in result_leaves]
     n_results = len(out_nodes)
@@ -223,6 +227,20 @@ def build(recorder, flat_args, arg_nodes, result_leaves) -> TraceGraph:
                       checks=entry_checks(recorder, b.tensor_ref, b.grad_of),
                       grad_writes=grad_writes,
                       version_bumps=b.version_bumps)
+
+
+def _tensors_in_reads(recorder) -> frozenset:
+    """Ids of tensors inside the container attributes the call read."""
+    found, stack = set(), [v for _, _, v in recorder.attr_reads.values()]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif hasattr(v, "_grad"):  # a tensor
+            found.add(id(v))
+    return frozenset(found)
 
 
 def _result_source(b, t, k, result_leaves):

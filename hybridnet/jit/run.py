@@ -180,7 +180,7 @@ def _source_array(src, flat):
         owner_ref, seen_ref = src.ref
         owner = owner_ref.resolve(flat)
         t = None if owner is None else owner._grad
-        seen = seen_ref()
+        seen = None if seen_ref is None else seen_ref()
         if seen is not None and seen is not t:
             return None
     if t is None or t._data.shape != src.shape or t._data.dtype != src.dtype or \

@@ -179,7 +179,7 @@ class TracedFunction:
         return describe_key_difference(key, entries[-1])
 
     def _trace_and_compile(self, entry, flat, args, kwargs, first):
-        result, tg_or_exc = self._record(flat, args, kwargs)
+        result, tg_or_exc = self._record(flat, args, kwargs, entry.key)
         if isinstance(tg_or_exc, Exception):
             reason = str(tg_or_exc)
             if getattr(tg_or_exc, "retry", False):
@@ -200,7 +200,7 @@ class TracedFunction:
         self.stats.eager_calls += 1
         return result
 
-    def _record(self, flat, args, kwargs):
+    def _record(self, flat, args, kwargs, key=()):
         start = time.perf_counter()
         self.stats.traces += 1
         with TraceRecorder() as rec:
@@ -208,7 +208,7 @@ class TracedFunction:
             result = self.fn(*args, **kwargs)
             try:
                 leaves, spec = flatten(result)
-                tg = build(rec, flat, arg_nodes, leaves)
+                tg = build(rec, flat, arg_nodes, leaves, pinned=_ints_in(key))
                 tg.result_spec = spec
             except (Untraceable, Unsupported) as exc:
                 tg = exc
@@ -339,6 +339,19 @@ class TracedModule(TracedFunction):
 
     def __repr__(self) -> str:
         return f"hn.trace({self.module!r})"
+
+
+def _ints_in(key) -> frozenset:
+    """Every int in a static key: the ids of the tensors it holds by identity among them
+    (ids of live objects are unique; other numbers in a key are tagged and far smaller)."""
+    found, stack = set(), [key]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, tuple):
+            stack.extend(v)
+        elif type(v) is int:
+            found.add(v)
+    return frozenset(found)
 
 
 def _describe_inputs(key) -> str:
