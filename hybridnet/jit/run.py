@@ -66,9 +66,8 @@ class Trace:
         """Run on the call's flat tensors (see the module docstring)."""
         out = self._run(flat)
         if out.kind is Outcome.RESULT and self.result.kernel.compiled:
-            fast = self._fast_runner()
-            if fast is not None:
-                self.run = fast  # compiled now: the short path from the next call on
+            # compiled now: from the next call on, the short path or the general one
+            self.run = self._fast_runner() or self._run
         return out
 
     def _fast_runner(self):
