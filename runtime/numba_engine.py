@@ -8,6 +8,10 @@ A damaged or unreadable entry is rewritten or bypassed, never trusted: the file
 must hold exactly the expected source. HYBRIDNET_CACHE=0 turns the disk cache off;
 HYBRIDNET_CACHE_DIR moves it (default ~/.cache/hybridnet). Either way the source
 is registered with `linecache`, so tracebacks show the generated code.
+
+A split program (`program.chunks`, see compiler.lowering.split) becomes a
+`SplitKernel`: each distinct kernel is compiled (or loaded) once per process and
+shared by every program that contains it, and a plain-Python driver calls them.
 """
 
 import hashlib
@@ -60,6 +64,11 @@ class CompiledKernel:
         """LLVM IR of every compiled signature (empty before the first call)."""
         return "\n".join(self.fn.inspect_llvm().values())
 
+    @property
+    def cache_hits(self) -> int:
+        """Signatures Numba loaded from its disk cache instead of compiling."""
+        return sum(self.fn.stats.cache_hits.values())
+
     def __repr__(self) -> str:
         return f"<CompiledKernel {self.filename} compiled={self.compiled}>"
 
@@ -80,8 +89,16 @@ def _prefer_workqueue():
         numba.config.THREADING_LAYER = "workqueue"
 
 
-def compile_program(program) -> CompiledKernel:
-    """Wrap the generated entry with numba.njit (compiled lazily, cached on disk)."""
+def compile_program(program):
+    """Wrap the generated entry with numba.njit (compiled lazily, cached on disk); a split
+    program gets a SplitKernel driving its shared kernels."""
+    if getattr(program, "chunks", None):
+        return SplitKernel(program)
+    return compile_single(program)
+
+
+def compile_single(program) -> CompiledKernel:
+    """One jitted function for `program` (its `entry`), from the disk cache if there."""
     try:
         cached = _from_disk(program)
     except Exception:  # noqa: BLE001  (an unusable cache never stops compilation)
@@ -132,6 +149,25 @@ def _literal(value) -> str:
     return f"np.{value.dtype.name}({item!r})"
 
 
+# Array constants up to this many elements are written into the module (bigger ones keep
+# the kernel in memory only).
+ARRAY_LITERAL_LIMIT = 1 << 16
+
+
+def _array_literal(value):
+    """Source rebuilding `value` exactly (bytes for bytes), or None when too big."""
+    if value.size > ARRAY_LITERAL_LIMIT:
+        return None
+    shape, dtype = tuple(value.shape), value.dtype.str
+    first = value.flat[0] if value.size else None
+    if value.size and first == first and \
+            np.full(shape, first, value.dtype).tobytes() == value.tobytes():
+        return f"np.full({shape!r}, {_literal(first)}, np.dtype({dtype!r}))"
+    data = np.ascontiguousarray(value).tobytes().hex()
+    return (f"np.frombuffer(bytes.fromhex({data!r}), np.dtype({dtype!r}))"
+            f".reshape({shape!r}).copy()")
+
+
 def module_source(program):
     """The generated entry as a self-contained module, or None if it needs live objects."""
     lines = ["import math", "", "import numpy as np", "from numba import prange", ""]
@@ -141,9 +177,15 @@ def module_source(program):
         if isinstance(value, np.generic):
             lines.append(f"{name} = {_literal(value)}")
             continue
+        if isinstance(value, np.ndarray):
+            text = _array_literal(value)
+            if text is None:
+                return None  # a big array stays in memory
+            lines.append(f"{name} = {text}")
+            continue
         py = getattr(value, "py_func", None)
         if py is None or "<" in py.__qualname__:
-            return None  # arrays and other live objects stay in memory
+            return None  # other live objects stay in memory
         lines.append(f"from {py.__module__} import {py.__name__} as {name}")
     return "\n".join(lines) + "\n\n\n" + program.source
 
@@ -196,7 +238,7 @@ def _from_disk(program):
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # Numba's cache re-imports the module by name
         spec.loader.exec_module(module)
-    fn = numba.njit(cache=True, **_options(program))(module.entry)
+    fn = numba.njit(cache=True, **_options(program))(getattr(module, program.entry))
     linecache.checkcache(path)
     kernel = CompiledKernel(fn, program.source, path, program)
     kernel.from_disk = True
@@ -216,3 +258,76 @@ def _discard_disk_entry(path):
             os.unlink(f)
         except OSError:
             pass
+
+
+# ---- split programs -----------------------------------------------------------------------
+
+# The distinct kernels of split programs, by content (Chunk.key): shared process-wide, so
+# an unrolled loop's steps, and programs that contain the same steps, compile them once.
+_SHARED_PARTS = {}
+
+
+def shared_part(chunk) -> CompiledKernel:
+    """The process-wide CompiledKernel for one distinct kernel of a split program."""
+    part = _SHARED_PARTS.get(chunk.key)
+    if part is None:
+        part = _SHARED_PARTS[chunk.key] = compile_single(chunk)
+    return part
+
+
+class SplitKernel:
+    """A split program: a plain-Python driver calling its shared jitted kernels in order.
+
+    Duck-types CompiledKernel (fn, source, compiled, compile_seconds, llvm_ir, program):
+    `fn` is the driver. Before the first call the driver calls each kernel through its
+    CompiledKernel (which compiles or loads it, and rebuilds a damaged disk entry); after
+    it, straight into the jitted functions."""
+
+    def __init__(self, program):
+        self.program = program
+        self.source = program.source
+        self.parts = [shared_part(c) for c in program.chunks]
+        digest = hashlib.sha256(program.driver.encode()).hexdigest()[:12]
+        self.filename = f"<hybridnet-driver-{digest}>"
+        linecache.cache[self.filename] = (len(program.driver), None,
+                                          program.driver.splitlines(True), self.filename)
+        self._namespace = dict(program.globals)
+        self._namespace.setdefault("np", np)
+        self._bind(direct=False)
+        exec(compile(program.driver, self.filename, "exec"), self._namespace)  # noqa: S102
+        self.fn = self._namespace[program.entry]
+        self.compile_seconds = 0.0
+        self.compiled = False
+
+    def _bind(self, direct):
+        for j, part in enumerate(self.parts):
+            self._namespace[f"c{j}"] = part.fn if direct else part
+
+    def __call__(self, *arrays):
+        if self.compiled:
+            return self.fn(*arrays)
+        start = time.perf_counter()
+        out = self.fn(*arrays)
+        self.compile_seconds = time.perf_counter() - start
+        self._bind(direct=True)
+        self.compiled = True
+        return out
+
+    @property
+    def from_disk(self) -> bool:
+        """Were all kernels taken from the disk cache?"""
+        return all(p.from_disk for p in self.parts)
+
+    @property
+    def cache_hits(self) -> int:
+        """Kernel signatures Numba loaded from its disk cache instead of compiling."""
+        return sum(p.cache_hits for p in self.parts)
+
+    @property
+    def llvm_ir(self) -> str:
+        """LLVM IR of every kernel (empty before the first call)."""
+        return "\n".join(f"; ---- kernel c{j}\n{p.llvm_ir}" for j, p in enumerate(self.parts))
+
+    def __repr__(self) -> str:
+        return (f"<SplitKernel {len(self.parts)} kernels, {self.filename} "
+                f"compiled={self.compiled}>")

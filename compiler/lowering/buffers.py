@@ -30,6 +30,14 @@ class BufferPlanner:
         for r in outputs:
             self.last_use[r] = float("inf")
 
+    def fork(self) -> "BufferPlanner":
+        """A planner for one kernel of a split program: the same lifetimes, no buffers
+        (a kernel reuses only what it allocated itself)."""
+        other = object.__new__(BufferPlanner)
+        other.units_of, other.last_use, other._roots = self.units_of, self.last_use, self._roots
+        other.pool, other.owned, other.reused = [], {}, 0
+        return other
+
     def root(self, node):
         """The node whose buffer `node` views (itself when it owns its data)."""
         found = self._roots.get(id(node))

@@ -18,7 +18,8 @@ class _Group:
         self.domain = group.domain
         self.rank = len(group.domain)
         self.materialized = self._materialized()
-        self.dims = [f"d{group.index}_{j}" for j in range(self.rank)]
+        self.gid = self.ctx.group_id(group)
+        self.dims = [f"d{self.gid}_{j}" for j in range(self.rank)]
 
     # -- planning -----------------------------------------------------------------------
 
@@ -191,7 +192,7 @@ class _Group:
 
     def emit(self):
         g, em = self.g, self.em
-        em.emit(f"# kernel {g.index}: {', '.join(n.op for n in g.nodes)}")
+        em.emit(f"# kernel {self.gid}: {', '.join(n.op for n in g.nodes)}")
         self.emit_sizes()
         self.allocate()
         idx = [f"i{j}" for j in range(self.rank)]

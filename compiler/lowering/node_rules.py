@@ -45,17 +45,15 @@ def _permute(em, node, x):
 
 def _slice(em, node, x):
     _static(em)
-    parts = [f"{a}:{b}:{c}" for a, b, c in node.attrs["index"]] or [":"]
-    em.emit(f"{em.ctx.var(node)} = {x}[{', '.join(parts)}]")
+    em.emit(f"{em.ctx.var(node)} = {x}[{em.ctx.slice_text(node.attrs['index'])}]")
 
 
 def _pad_slice(em, node, x):
     _static(em)
     v = em.ctx.var(node)
-    parts = [f"{a}:{b}:{c}" for a, b, c in node.attrs["index"]] or [":"]
     em.emit(f"{v} = np.zeros({_tuple(_pad(node.shape))}, np.{node.dtype.name})")
     # element by element: an array assigned into a strided slice compiles ~10x slower
-    em.emit(f"{v}_w, {v}_x = {v}[{', '.join(parts)}], {x}")
+    em.emit(f"{v}_w, {v}_x = {v}[{em.ctx.slice_text(node.attrs['index'])}], {x}")
     em.emit(f"for {v}_q in np.ndindex({v}_x.shape):")
     em.emit(f"    {v}_w[{v}_q] = {v}_x[{v}_q]")
 
@@ -196,6 +194,10 @@ def _argreduce(em, node, x):
     em.emit(f"                {v}_o[p, r] = q")
     em.emit(f"{v} = {v}_o.reshape({_tuple(_pad(node.shape))})")
 
+
+# (op, attr) pairs whose integers a split program's kernels take as arguments (see
+# Context.slice_text), so unrolled steps that differ only there share one kernel.
+PARAMETRIZED = frozenset({("slice", "index"), ("pad_slice", "index")})
 
 # Rules whose result may be a view of their operand (everything else is a fresh array).
 VIEW_RESULTS = frozenset({"reshape", "permute", "slice"})

@@ -6,8 +6,14 @@ nest written inline, each `NodeUnit` a few NumPy calls Numba supports, so a
 traced call crosses into machine code once. Loop bounds come from the input
 arrays at run time; where a size cannot (a reshape to a fixed shape, say), the
 program is marked `shape_generic=False` and is reused only for exact shapes.
+
+A program longer than the kernel budget (`KERNEL_BUDGET` emitted lines,
+`HYBRIDNET_KERNEL_BUDGET`) is split into bounded kernels called in order by a
+plain-Python driver (`compiler.lowering.split`): Numba's compile time grows much
+faster than linearly with the size of one function.
 """
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,6 +26,34 @@ from .rules import REDUCE_COMBINE, RULES, libm_name, reduce_identity
 
 # Loop nests with at least this many iterations run their outer loop in parallel.
 PARALLEL_THRESHOLD = 1 << 20
+
+# Emitted lines (comments aside) one Numba function may hold; longer programs are split.
+# (Numba's compile time per line starts growing at about this size.)
+KERNEL_BUDGET = 256
+# Lines of *distinct* kernel source beyond which a graph is not compiled (it runs eagerly):
+# at the ~40-60 lines a second Numba compiles, a couple of minutes.
+KERNEL_CAP = 6000
+# Fused units beyond which a graph is not even lowered (it runs eagerly).
+MAX_UNITS = 100_000
+# Numba compiles np.concatenate in time that grows with its operands: so many lines each.
+CAT_OPERAND_COST = 8
+
+
+def _env_int(name, default) -> int:
+    try:
+        return int(os.environ.get(name, "")) if os.environ.get(name) else default
+    except ValueError:
+        return default
+
+
+def kernel_budget() -> int:
+    """The per-kernel line budget: HYBRIDNET_KERNEL_BUDGET, else KERNEL_BUDGET."""
+    return max(1, _env_int("HYBRIDNET_KERNEL_BUDGET", KERNEL_BUDGET))
+
+
+def kernel_cap() -> int:
+    """The compile cap in distinct kernel lines: HYBRIDNET_KERNEL_CAP, else KERNEL_CAP."""
+    return max(1, _env_int("HYBRIDNET_KERNEL_CAP", KERNEL_CAP))
 
 
 class LoweringError(OpError):
@@ -39,6 +73,11 @@ class Program:
     notes: list = field(default_factory=list)
     single_output: bool = False  # the entry returns one array, not a tuple
     parallel: bool = False  # uses numba.prange (compile with parallel=True)
+    # A split program: its distinct kernels (`split.Chunk`) and the plain-Python driver
+    # source (`entry`, calling them as c0, c1, ...; `globals` are the driver's).
+    chunks: list = field(default_factory=list)
+    driver: str = ""
+    cost: int = 0  # emitted lines (comments aside) Numba compiles
 
 
 def _pad(shape) -> tuple:
@@ -48,12 +87,12 @@ def _pad(shape) -> tuple:
 class Context:
     """Naming, typed constants and math-function choice during codegen."""
 
-    def __init__(self, graph, mathlib=None, parallel=False):
+    def __init__(self, graph, mathlib=None, parallel=False, index=None):
         self.graph = graph
         self.parallel = parallel
         self.parallel_threshold = PARALLEL_THRESHOLD
         self.uses_prange = False
-        self.index = {id(n): i for i, n in enumerate(graph.nodes)}
+        self.index = {id(n): i for i, n in enumerate(graph.nodes)} if index is None else index
         self.globals = {"np": np}
         self.mathlib = mathlib or {}
         self.shape_generic = True
@@ -82,6 +121,14 @@ class Context:
         self.globals[name] = np.ascontiguousarray(value.reshape(_pad(value.shape)))
         return name
 
+    def group_id(self, group) -> int:
+        """The number naming a loop group's size variables (d<id>_<dim>)."""
+        return group.index
+
+    def slice_text(self, index) -> str:
+        """The subscript for a static slice index ((start, stop, step) per dim)."""
+        return ", ".join(f"{a}:{b}:{c}" for a, b, c in index) or ":"
+
     def math(self, name, dtype, optional=False):
         fast = self.mathlib.get(f"{name}_{np.dtype(dtype).name[:1]}{np.dtype(dtype).itemsize * 8}")
         if fast is not None:
@@ -97,11 +144,11 @@ class Context:
 
 
 class _Emitter:
-    def __init__(self, graph, ctx):
+    def __init__(self, graph, ctx, users=None, outputs=None):
         self.graph, self.ctx = graph, ctx
         self.lines = []
-        self.users = graph.users()
-        self.outputs = {id(o) for o in graph.outputs}
+        self.users = graph.users() if users is None else users
+        self.outputs = {id(o) for o in graph.outputs} if outputs is None else outputs
         self.planner = None
 
     def emit(self, line: str, depth: int = 1):
@@ -127,12 +174,44 @@ class _Emitter:
             emit_group(self, unit, units_of)
 
 
-def lower(graph, mathlib=None, parallel=False) -> Program:
+def lower(graph, mathlib=None, parallel=False, budget=None) -> Program:
     """Generate the Numba entry for `graph` (an optimized clone).
 
     parallel=True lets loop nests over at least PARALLEL_THRESHOLD elements split their
-    outermost loop across threads (numba.prange)."""
+    outermost loop across threads (numba.prange). A program of more than `budget` lines
+    (default `kernel_budget()`) is split into kernels and a driver (`split.lower_split`);
+    one whose distinct kernels exceed `kernel_cap()` lines raises LoweringError."""
     units = partition(graph)
+    if len(units) > MAX_UNITS:
+        raise LoweringError(f"graph too large to compile: {len(units)} fused units (more than "
+                            f"{MAX_UNITS}); it runs eagerly")
+    program, costs = _lower_single(graph, units, mathlib, parallel)
+    budget = kernel_budget() if budget is None else budget
+    if program.cost > budget:
+        from .split import lower_split
+        program = lower_split(graph, units, costs, mathlib, parallel, budget) or program
+    check_cap(program)
+    return program
+
+
+def check_cap(program) -> None:
+    """Raise LoweringError when the program's distinct kernels are too long to compile."""
+    cap = kernel_cap()
+    if program.cost > cap:
+        kernels = max(1, len(program.chunks))
+        raise LoweringError(
+            f"graph too large to compile: {program.cost} lines of distinct kernel code in "
+            f"{kernels} kernel(s) exceed the cap of {cap} (HYBRIDNET_KERNEL_CAP); "
+            f"{len(program.units)} fused units run eagerly instead")
+
+
+def code_lines(lines) -> int:
+    """Emitted lines that are code (comments aside): the size measure of a kernel."""
+    return sum(1 for line in lines if not line.lstrip().startswith("#"))
+
+
+def _lower_single(graph, units, mathlib, parallel):
+    """The one-entry program plus each unit's cost in code lines."""
     ctx = Context(graph, mathlib, parallel)
     em = _Emitter(graph, ctx)
     units_of = {}
@@ -142,11 +221,11 @@ def lower(graph, mathlib=None, parallel=False) -> Program:
     em.planner = BufferPlanner(graph, units_of)
     args = ", ".join(ctx.var(n) for n in graph.inputs)
     em.lines.append(f"def entry({args}):")
+    costs = []
     for unit in units:
-        em.unit(unit, units_of)
-        if isinstance(unit, NodeUnit) and unit.node.op == "matmul" and len(unit.node.shape) == 2:
-            em.planner.adopt(unit.node, ctx.var(unit.node), 2, unit.node.dtype.name)
-        em.planner.release_after(unit.index)
+        start = len(em.lines)
+        emit_unit(em, unit, units_of)
+        costs.append(unit_cost(unit, em.lines[start:]))
     outs = [em.array_of(o) for o in graph.outputs]
     if len(outs) == 1:  # a bare array: Numba boxes it faster than a 1-tuple
         em.emit(f"return {outs[0]}")
@@ -156,8 +235,25 @@ def lower(graph, mathlib=None, parallel=False) -> Program:
     program = Program(source, "entry", ctx.globals, units, ctx.shape_generic, ctx.uses_blas)
     program.single_output = len(outs) == 1
     program.parallel = ctx.uses_prange
+    program.cost = sum(costs) + 2
     program.notes.append(f"buffers reused: {em.planner.reused}")
-    return program
+    return program, costs
+
+
+def unit_cost(unit, lines) -> int:
+    """What a unit costs Numba to compile, in code lines."""
+    extra = 0
+    if isinstance(unit, NodeUnit) and unit.node.op == "cat":
+        extra = CAT_OPERAND_COST * len(unit.node.inputs)
+    return code_lines(lines) + extra
+
+
+def emit_unit(em, unit, units_of):
+    """Append one unit's lines, then let its dead buffers be reused."""
+    em.unit(unit, units_of)
+    if isinstance(unit, NodeUnit) and unit.node.op == "matmul" and len(unit.node.shape) == 2:
+        em.planner.adopt(unit.node, em.ctx.var(unit.node), 2, unit.node.dtype.name)
+    em.planner.release_after(unit.index)
 
 
 def check_supported(graph) -> None:
@@ -173,4 +269,4 @@ def check_supported(graph) -> None:
 
 
 __all__ = ["LoopGroup", "NodeUnit", "Program", "LoweringError", "lower", "check_supported",
-           "reduce_identity"]
+           "reduce_identity", "kernel_budget", "kernel_cap", "KERNEL_BUDGET", "KERNEL_CAP"]

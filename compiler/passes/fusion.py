@@ -75,6 +75,7 @@ class _Partitioner:
         self.graph = graph
         self.units = []
         self.unit_of = {}
+        self.by_domain = {}  # domain -> its LoopGroups, oldest first
 
     def run(self):
         for node in self.graph.nodes:
@@ -115,6 +116,7 @@ class _Partitioner:
     def _new_group(self, domain, node, **kw):
         group = LoopGroup(_pad(domain), len(self.units))
         self.units.append(group)
+        self.by_domain.setdefault(group.domain, []).append(group)
         if node is not None:
             self._join(group, node, 0, **kw)
         return group
@@ -130,8 +132,14 @@ class _Partitioner:
         """Groups of the node's inputs first, then earlier groups over the same domain
         (independent chains over one domain share one loop nest)."""
         found = self._groups_of_inputs(node)
-        for unit in reversed(self.units):
-            if isinstance(unit, LoopGroup) and unit.domain == shape and unit not in found:
+        # a group older than an input's unit fails _inputs_ready_for: stop there (this
+        # keeps partitioning linear in long graphs)
+        floor = max((u.index for u in map(self.unit_of.get, map(id, node.inputs))
+                     if u is not None), default=-1)
+        for unit in reversed(self.by_domain.get(shape, ())):
+            if unit.index < floor:
+                break
+            if unit not in found:
                 found.append(unit)
         return found
 

@@ -12,6 +12,7 @@ from compiler.lowering.numba_codegen import (
     PARALLEL_THRESHOLD,
     LoweringError,
     check_supported,
+    kernel_budget,
     lower,
 )
 from runtime.cache import KERNELS as _KERNELS
@@ -75,14 +76,15 @@ def compile_trace(tg, dynamic) -> CompileResult:
     optimized, report = optimize(tg.graph)
     check_supported(optimized)
     big = max((math.prod(n.shape) for n in optimized.nodes), default=0) >= PARALLEL_THRESHOLD
-    generic_key = (optimized.structural_hash(exact_shapes=False), big)
-    exact_key = (optimized.structural_hash(exact_shapes=True), big)
+    budget = kernel_budget()  # programs split under another budget are other kernels
+    generic_key = (optimized.structural_hash(exact_shapes=False), big, budget)
+    exact_key = (optimized.structural_hash(exact_shapes=True), big, budget)
     cached = _KERNELS.get(generic_key) if dynamic is not False else None
     if cached is None or not cached[1].shape_generic:
         cached = _KERNELS.get(exact_key)
     reused = cached is not None
     if cached is None:
-        program = lower(optimized, _mathlib(), parallel=big)
+        program = lower(optimized, _mathlib(), parallel=big, budget=budget)
         kernel = compile_program(program)
         key = generic_key if program.shape_generic else exact_key
         _KERNELS.put(key, (kernel, program))
