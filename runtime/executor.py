@@ -48,6 +48,7 @@ class Executable:
         self.copies = tuple(copies)
         self.calls = 0
         self.side_exits = 0
+        self.last_exit = None  # (kind, value seen while tracing, value now) of the last exit
         # No guards, write-backs or 0-d values: the kernel's tuple is the answer.
         self.plain = not (self.guards or self.writebacks or self.scalar_inputs or
                           self.scalar_outputs or self.copies)
@@ -73,6 +74,7 @@ class Executable:
         for index, kind, expected in self.guards:
             if not _guard_holds(outs[index], kind, expected):
                 self.side_exits += 1
+                self.last_exit = (kind, expected, outs[index].reshape(-1)[0].item())
                 return SIDE_EXIT
         if self.copies:  # before the write-backs, which may update an aliased input
             outs = list(outs)

@@ -364,3 +364,17 @@ def test_versions_after_compiled_calls_match_eager():
             assert (c._version, d._version) == (a._version, b._version)
     assert (a._version, b._version) == (8, 4)
     assert traced.stats.compiled_calls == 3
+
+
+def test_side_exit_event_says_which_value_changed():
+    @hn.trace
+    def f(x):
+        if x.sum() > 0:
+            return x * 2
+        return x * 3
+
+    with hn.no_grad():
+        for v in (1.0, 1.0, -1.0):
+            f(hn.full((3,), v))
+    exits = [e["detail"] for e in f.stats.events if e["kind"] == "side_exit"]
+    assert exits and "saw True while tracing, False now" in exits[0]

@@ -172,11 +172,14 @@ class TracedFunction:
         return self._trace_and_compile(entry, flat, args, kwargs, first=True)
 
     def _difference(self, key) -> str:
-        """What differs from the most recently used specialization."""
+        """What differs from the nearest specialization (the most components alike; the
+        most recently used among equals)."""
         entries = list(self.specializations.entries)
         if not entries:
             return "first call " + (_describe_inputs(key) or "(no tensor inputs)")
-        return describe_key_difference(key, entries[-1])
+        nearest = max(reversed(entries), key=lambda k: sum(
+            a == b for a, b in zip(k, key)) if isinstance(k, tuple) else 0)
+        return describe_key_difference(key, nearest)
 
     def _trace_and_compile(self, entry, flat, args, kwargs, first):
         result, tg_or_exc = self._record(flat, args, kwargs, entry.key)
@@ -261,7 +264,7 @@ class TracedFunction:
             self.stats.event("fallback", out.value)
             return self._eager(args, kwargs)
         self.stats.side_exits += 1
-        self.stats.event("side_exit", "a value guard failed; this call runs eagerly")
+        self.stats.event("side_exit", _describe_exit(entry) + "; this call runs eagerly")
         return self._trace_and_compile(entry, flat, args, kwargs, first=False)
 
     def _stale_trace(self, entry, trace, flat, args, kwargs):
@@ -339,6 +342,15 @@ class TracedModule(TracedFunction):
 
     def __repr__(self) -> str:
         return f"hn.trace({self.module!r})"
+
+
+def _describe_exit(entry) -> str:
+    for trace in entry.traces:
+        seen = trace.result.executable.last_exit
+        if seen is not None:
+            kind, expected, now = seen
+            return f"value guard {kind}() saw {expected!r} while tracing, {now!r} now"
+    return "a value guard failed"
 
 
 def _ints_in(key) -> frozenset:
