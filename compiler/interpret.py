@@ -6,7 +6,7 @@ exported graphs.
 
 import numpy as np
 
-from .errors import OpError
+from .errors import OpError, describe
 from .registry import REGISTRY
 
 
@@ -35,10 +35,27 @@ def _bind_inputs(graph, arrays) -> dict:
 
 
 def run(graph, *arrays) -> list:
-    """Execute `graph` on `arrays` (one per graph input); returns the output arrays."""
+    """Execute `graph` on `arrays` (one per graph input); returns the output arrays.
+
+    A node that fails raises OpError naming the node (as the printer shows it), its op
+    and the shapes and dtypes of the arrays it was given, in the spirit of FX's
+    "While executing %n".
+    """
     env = _bind_inputs(graph, arrays)
     with np.errstate(all="ignore"):
         for node in graph.nodes:
             if id(node) not in env:
-                env[id(node)] = run_node(node, [env[id(i)] for i in node.inputs])
+                args = [env[id(i)] for i in node.inputs]
+                try:
+                    env[id(node)] = run_node(node, args)
+                except Exception as exc:  # noqa: BLE001  (re-raised with the node named)
+                    raise _node_error(graph, node, args, exc) from exc
     return [env[id(o)] for o in graph.outputs]
+
+
+def _node_error(graph, node, args, exc) -> OpError:
+    shapes = [np.shape(a) for a in args]
+    dtypes = [np.result_type(a) for a in args]
+    return OpError(f"Graph.run: while executing {graph.node_line(node)}: op {node.op!r} "
+                   f"failed on inputs ({describe(shapes, dtypes)}): "
+                   f"{type(exc).__name__}: {exc}")

@@ -120,15 +120,19 @@ class Graph:
         head = ", ".join(f"{names[id(n)]}: {n.type_str()}" for n in self.inputs)
         lines = [f"graph({head}) {{"]
         for node in self.nodes:
-            if node.op == "input":
-                continue
-            args = [names.get(id(i), "?") for i in node.inputs]
-            args += [f"{k}={_fmt_attr(v)}" for k, v in node.attrs.items()]
-            lines.append(f"  {names[id(node)]} = {node.op}({', '.join(args)}) : {node.type_str()}")
+            if node.op != "input":
+                lines.append("  " + self.node_line(node, names))
         outs = ", ".join(names.get(id(o), "?") for o in self.outputs)
         lines.append(f"  return ({outs})")
         lines.append("}")
         return "\n".join(lines)
+
+    def node_line(self, node, names=None) -> str:
+        """One node as the printer shows it: '%3 = add(%1, %2) : float32[4]'."""
+        names = self.names() if names is None else names
+        args = [names.get(id(i), "?") for i in node.inputs]
+        args += [f"{k}={_fmt_attr(v)}" for k, v in node.attrs.items()]
+        return f"{names.get(id(node), '?')} = {node.op}({', '.join(args)}) : {node.type_str()}"
 
     def __repr__(self) -> str:
         return (f"<Graph: {len(self.inputs)} inputs, {len(self.nodes)} nodes, "

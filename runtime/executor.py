@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 
+from compiler.errors import OpError, describe
+
 
 class Outcome:
     """What running a compiled trace gave: `kind` is one of RESULT, SIDE_EXIT, STALE
@@ -63,12 +65,24 @@ class Executable:
             arrays[i] = arrays[i].reshape(1)
         return arrays
 
+    def _error(self, arrays, exc) -> OpError:
+        """A kernel failure naming the kernel and the shapes and dtypes it was given."""
+        name = getattr(self.kernel, "filename", type(self.kernel).__name__)
+        inputs = describe([a.shape for a in arrays], [a.dtype for a in arrays])
+        return OpError(f"compiled kernel {name} failed on inputs ({inputs}): "
+                       f"{type(exc).__name__}: {exc}")
+
     def run(self, arrays):
         """The output arrays (user-visible ones first), or SIDE_EXIT."""
         self.calls += 1
         if self.plain and self.kernel.compiled:
             return (self.kernel.fn(*arrays),) if self.single else self.kernel.fn(*arrays)
-        outs = self.kernel(*self.prepare(arrays))
+        try:
+            outs = self.kernel(*self.prepare(arrays))
+        except Exception as exc:
+            if type(exc).__module__.startswith("numba."):
+                raise  # (the caller turns a backend rejection into an eager fallback)
+            raise self._error(arrays, exc) from exc
         if self.single:
             outs = (outs,)
         for index, kind, expected in self.guards:

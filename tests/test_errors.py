@@ -144,3 +144,32 @@ def test_unsupported_dtype_is_rejected():
         hn.zeros(2, dtype="complex64")
     with pytest.raises(TypeError, match="cannot build a tensor"):
         hn.tensor(["a", "b"])
+
+
+def test_interpreter_errors_name_the_node_op_shapes_and_dtypes():
+    with hn.record() as rec:
+        hn.ones(2, 3) @ hn.ones(3, 4)
+    graph = rec.graph
+    graph.inputs[1].shape = (5, 4)  # a graph whose matmul cannot run on these inputs
+    with pytest.raises(OpError) as info:
+        graph.run(np.ones((2, 3), np.float32), np.ones((5, 4), np.float32))
+    text = str(info.value)
+    assert "%2 = matmul(%0, %1) : float32[2, 4]" in text
+    assert "'matmul'" in text and "float32[2, 3], float32[5, 4]" in text
+
+
+def test_executor_errors_name_the_kernel_and_inputs():
+    from runtime.executor import Executable
+
+    class Broken:
+        filename = "<kernel k_test>"
+        compiled = True
+        program = None
+
+        def __call__(self, *arrays):
+            raise IndexError("index 7 is out of bounds")
+
+    exe = Executable(Broken(), 1, [], [], [])
+    exe.plain = False
+    with pytest.raises(OpError, match=r"k_test.*float32\[3\].*IndexError: index 7"):
+        exe.run([np.ones(3, np.float32)])
