@@ -10,6 +10,7 @@ import numpy as np
 
 from ..ir import Graph, Node
 from ..registry import REGISTRY, Trait
+from .rewrite import rewrite_graph
 
 MAX_FOLD_ELEMENTS = 4096  # bigger results stay computed at run time (keeps graphs small)
 
@@ -66,14 +67,4 @@ class ConstantFolding:
 
     def run(self, graph: Graph) -> tuple:
         """Fold in place, in one walk (folds cascade forward); returns `(graph, changed)`."""
-        replaced = {}
-        for pos, node in enumerate(graph.nodes):
-            if replaced:
-                node.inputs = tuple(replaced.get(id(i), i) for i in node.inputs)
-            new = fold(node)
-            if new is not None:
-                graph.nodes[pos] = new
-                replaced[id(node)] = new
-        if replaced:
-            graph.outputs = [replaced.get(id(o), o) for o in graph.outputs]
-        return graph, bool(replaced)
+        return rewrite_graph(graph, fold)

@@ -6,6 +6,7 @@ import numpy as np
 
 from ..ir import Graph, Node
 from ..registry import REGISTRY, Trait
+from .rewrite import rewrite_graph
 
 
 def attr_key(value) -> object:
@@ -68,20 +69,14 @@ class CommonSubexpressionElimination:
 
     def run(self, graph: Graph) -> tuple:
         """Merge duplicates in place; returns `(graph, changed)`."""
-        seen, replaced, kept = {}, {}, []
-        for node in graph.nodes:
-            if replaced:
-                node.inputs = tuple(replaced.get(id(i), i) for i in node.inputs)
+        seen = {}
+
+        def first_of(node):
             if not REGISTRY[node.op].has(Trait.PURE):
-                kept.append(node)
-                continue
+                return None
             first = seen.setdefault(node_key(node), node)
             if first is node:
-                kept.append(node)
-            else:
-                replaced[id(node)] = first
-                first.requires_grad = first.requires_grad or node.requires_grad
-        if replaced:
-            graph.nodes = kept
-            graph.outputs = [replaced.get(id(o), o) for o in graph.outputs]
-        return graph, bool(replaced)
+                return None
+            first.requires_grad = first.requires_grad or node.requires_grad
+            return first
+        return rewrite_graph(graph, first_of)

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..ir import Graph, Node
 from ..registry import REGISTRY, Trait
+from .rewrite import rewrite_graph
 
 
 def same_type(a: Node, b: Node) -> bool:
@@ -117,21 +118,4 @@ class AlgebraicSimplification:
 
     def run(self, graph: Graph) -> tuple:
         """Simplify in place; returns `(graph, changed)`."""
-        replaced, kept, defined = {}, [], set()
-        for node in graph.nodes:
-            if replaced:
-                node.inputs = tuple(replaced.get(id(i), i) for i in node.inputs)
-            current = node
-            while id(current) not in defined:  # stop at a node defined earlier
-                new = rewrite(current)
-                if new is None:
-                    kept.append(current)
-                    defined.add(id(current))
-                    break
-                current = new
-            if current is not node:
-                replaced[id(node)] = current
-        if replaced:
-            graph.nodes = kept
-            graph.outputs = [replaced.get(id(o), o) for o in graph.outputs]
-        return graph, bool(replaced)
+        return rewrite_graph(graph, rewrite, repeat=True)
