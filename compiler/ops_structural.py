@@ -73,12 +73,15 @@ def _extreme_vjp(e, g, x, o, a):
 
 
 register(OpDef("sum", 1, _sum_impl, _reduce_rule("sum"), vjp=(_sum_vjp,),
-               attrs=("dims", "keepdim"), traits=_RED, saves=_NONE,
+               attrs=("dims", "keepdim"), traits=_RED, saves=_NONE, combine="add",
+               initial="zero",
                doc="sum over `dims` (dtype kept; the tensor layer widens ints first)"))
 register(OpDef("max", 1, _max_impl, _reduce_rule("max", True), vjp=(_extreme_vjp,),
-               attrs=("dims", "keepdim"), traits=_RED, saves=_BOTH, doc="amax over `dims`"))
+               attrs=("dims", "keepdim"), traits=_RED, saves=_BOTH, combine="max",
+               initial="lowest", doc="amax over `dims`"))
 register(OpDef("min", 1, _min_impl, _reduce_rule("min", True), vjp=(_extreme_vjp,),
-               attrs=("dims", "keepdim"), traits=_RED, saves=_BOTH, doc="amin over `dims`"))
+               attrs=("dims", "keepdim"), traits=_RED, saves=_BOTH, combine="min",
+               initial="highest", doc="amin over `dims`"))
 
 
 def _arg_rule(name):
@@ -105,7 +108,8 @@ def _arg_impl(fn):
 
 for _name, _fn in [("argmax", np.argmax), ("argmin", np.argmin)]:
     register(OpDef(_name, 1, _arg_impl(_fn), _arg_rule(_name), attrs=("dim", "keepdim"),
-                   traits=_RED, saves=_NONE, doc=f"{_name} (first occurrence), int64"))
+                   traits=_RED | {Trait.ARG_REDUCTION}, saves=_NONE,
+                   doc=f"{_name} (first occurrence), int64"))
 
 
 # ---- movement ------------------------------------------------------------------------

@@ -25,6 +25,7 @@ class Trait:
     COMPARISON = "comparison"  # bool output, no gradient
     SOURCE = "source"  # graph leaves: inputs and constants
     BROADCAST = "broadcast"  # out[i] is the input read at i with broadcasting (expand, detach)
+    ARG_REDUCTION = "arg_reduction"  # a reduction to the index of an extreme (argmax)
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,6 +56,10 @@ class OpDef:
     compose: Callable = None
     is_identity: Callable = None  # is_identity(attrs) -> True when op(x, attrs) == x
     noop_same_type: bool = False  # computes exactly its operand when types match
+    # For a REDUCTION that folds values (sum, max, min): how it combines them ("add",
+    # "max", "min") and where it starts ("zero", "lowest", "highest").
+    combine: str = None
+    initial: str = None
 
     @property
     def differentiable(self) -> bool:

@@ -11,6 +11,7 @@ import numpy as np
 
 from compiler import dtypes as cd
 from compiler.errors import DTypeError, ShapeError
+from compiler.ops import Trait
 
 from ._state import STATE
 from .dispatch import binary, version_counter
@@ -25,7 +26,7 @@ def _check_leaf(t, name):
             f"{name}: a leaf tensor that requires grad ({t.dtype}{list(t.shape)}) is used in "
             f"an in-place operation; wrap the update in `with hn.no_grad():`")
     node = t._node
-    if STATE.grad and node is not None and node.requires_grad and node.opdef.has("movement"):
+    if STATE.grad and node is not None and node.requires_grad and node.opdef.has(Trait.MOVEMENT):
         raise RuntimeError(f"{name}: in-place update of a view ({node.op}) of a tensor that "
                            f"requires grad is not supported; use an out-of-place op")
 

@@ -155,3 +155,30 @@ def test_importing_compiler_and_runtime_does_not_load_hybridnet():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_every_op_has_a_lowering_in_the_numba_backend():
+    """Lowering completeness (as JAX's register_lowering per primitive): every registry op
+    is a source, an elementwise rule, a whole-node rule, or a value-folding reduction the
+    loop lowering accumulates from the combine/initial kinds its OpDef declares."""
+    from compiler.lowering.node_rules import NODE_RULES
+    from compiler.lowering.rules import COMBINE, RULES
+    missing = []
+    for name, opdef in REGISTRY.items():
+        if opdef.has(Trait.SOURCE) or name in RULES or name in NODE_RULES:
+            continue
+        if opdef.has(Trait.REDUCTION) and opdef.combine in COMBINE and opdef.initial:
+            continue
+        missing.append(name)
+    assert not missing, f"ops without a numba lowering: {missing}"
+
+
+def test_reductions_declare_their_kind():
+    for name, opdef in REGISTRY.items():
+        if not opdef.has(Trait.REDUCTION):
+            assert opdef.combine is None, name
+        elif opdef.has(Trait.ARG_REDUCTION):
+            assert opdef.combine is None, name
+        else:
+            assert opdef.combine in ("add", "max", "min"), name
+            assert opdef.initial in ("zero", "lowest", "highest"), name

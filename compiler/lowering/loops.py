@@ -2,7 +2,8 @@
 
 import numpy as np
 
-from .rules import REDUCE_COMBINE, RULES, reduce_identity
+from ..registry import REGISTRY
+from .rules import RULES, combine_code, is_reduction, reduce_identity
 
 
 def _pad(shape) -> tuple:
@@ -36,7 +37,7 @@ class _Group:
                 elif nid not in g.row_level and g.phase[id(user)] > g.phase[nid]:
                     out.add(nid)  # a full value read back in a later phase
         if g.buffer_reductions:
-            out.update(id(n) for n in g.nodes if n.op in REDUCE_COMBINE)
+            out.update(id(n) for n in g.nodes if is_reduction(n))
         return out
 
     def _externals(self):
@@ -106,7 +107,7 @@ class _Group:
             if not reread:
                 return self.ctx.scalar(inp)
         arr = self.em.array_of(inp)
-        if self._squeezed_row(user) and self.g.outer and user.op not in REDUCE_COMBINE:
+        if self._squeezed_row(user) and self.g.outer and not is_reduction(user):
             # a row value without the reduced dims: its inputs align with the outer dims
             # (a reduction reads its input over the whole domain, even when keepdim=False)
             outer = self.g.outer
@@ -124,9 +125,9 @@ class _Group:
             if id(node) not in self.materialized:
                 continue
             var, dt = self.ctx.var(node), f"np.{node.dtype.name}"
-            if node.op in REDUCE_COMBINE and self.g.buffer_reductions:
+            if is_reduction(node) and self.g.buffer_reductions:
                 shape = self._buffer_shape(node)
-                init = self.ctx.const(reduce_identity(node.op, node.dtype), node.dtype)
+                init = self.ctx.const(reduce_identity(node, node.dtype), node.dtype)
                 self.em.emit(f"{var} = np.full({shape}, {init}, {dt})")
             elif id(node) in self.g.row_level:
                 self._alloc(node, var, self.row_shape_expr(node))
@@ -158,12 +159,12 @@ class _Group:
 
     def emit_full(self, node, idx, depth):
         em, s = self.em, self.ctx.scalar(node)
-        if node.op in REDUCE_COMBINE and self.g.buffer_reductions:
+        if is_reduction(node) and self.g.buffer_reductions:
             var = self.ctx.var(node)
             at = f"{var}[{self._buffer_index(node, idx)}]"
             value = self.operand(node.inputs[0], node, idx)
             em.emit(f"{s}_v = {value}", depth)
-            em.emit(f"{at} = " + REDUCE_COMBINE[node.op].format(acc=at, v=f"{s}_v"), depth)
+            em.emit(f"{at} = " + combine_code(node).format(acc=at, v=f"{s}_v"), depth)
             return
         em.emit(f"{s} = {self.expr(node, idx)}", depth)
         if id(node) in self.materialized:
@@ -171,7 +172,7 @@ class _Group:
 
     def emit_row_node(self, node, row_idx, depth):
         em, s = self.em, self.ctx.scalar(node)
-        if node.op in REDUCE_COMBINE:
+        if is_reduction(node):
             acc = f"r{self.ctx.index[id(node)]}"
             em.emit(f"{s} = np.{node.dtype.name}({acc})" if _wide_sum(node) else f"{s} = {acc}",
                     depth)
@@ -221,11 +222,11 @@ class _Group:
         g, em = self.g, self.em
         members = [n for n in g.nodes if g.phase[id(n)] == phase]
         full = [n for n in members if id(n) not in g.row_level]
-        reds = [n for n in members if id(n) in g.row_level and n.op in REDUCE_COMBINE]
-        rows = [n for n in members if id(n) in g.row_level and n.op not in REDUCE_COMBINE]
+        reds = [n for n in members if id(n) in g.row_level and is_reduction(n)]
+        rows = [n for n in members if id(n) in g.row_level and not is_reduction(n)]
         for red in reds:
             acc_dtype = np.dtype(np.float64) if _wide_sum(red) else red.dtype
-            init = self.ctx.const(reduce_identity(red.op, acc_dtype), acc_dtype)
+            init = self.ctx.const(reduce_identity(red, acc_dtype), acc_dtype)
             em.emit(f"r{self.ctx.index[id(red)]} = {init}", depth)
         inner_depth = depth
         if full or reds:
@@ -237,7 +238,7 @@ class _Group:
             for red in reds:
                 r = f"r{self.ctx.index[id(red)]}"
                 value = self.operand(red.inputs[0], red, idx)
-                em.emit(f"{r} = " + REDUCE_COMBINE[red.op].format(acc=r, v=value), inner_depth)
+                em.emit(f"{r} = " + combine_code(red).format(acc=r, v=value), inner_depth)
         for node in reds + rows:
             self.emit_row_node(node, row_idx, depth)
 
@@ -245,7 +246,7 @@ class _Group:
 def _wide_sum(node) -> bool:
     """float32 row sums accumulate in float64: a long sequential float32 sum loses digits
     (NumPy sums pairwise); the result is rounded back to float32 once."""
-    return node.op == "sum" and node.dtype == np.float32
+    return REGISTRY[node.op].combine == "add" and node.dtype == np.float32
 
 
 def emit_group(em, group, units_of):

@@ -6,7 +6,7 @@ size known only at trace time mark the program as not shape-generic.
 
 import numpy as np
 
-from .rules import REDUCE_COMBINE
+from .rules import is_reduction
 
 
 def _tuple(parts) -> str:
@@ -213,7 +213,7 @@ def emit_node(em, node):
     """Append the lines computing `node` (a NodeUnit) to the entry."""
     from .numba_codegen import LoweringError
     rule = NODE_RULES.get(node.op)
-    if rule is None or node.op in REDUCE_COMBINE:
+    if rule is None or is_reduction(node):
         raise LoweringError(f"the numba backend cannot lower op {node.op!r} on its own")
     em.emit(f"# {node.op} {node.type_str()}")
     rule(em, node, *[em.array_of(i) for i in node.inputs])

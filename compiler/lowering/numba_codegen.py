@@ -22,7 +22,7 @@ from ..errors import OpError
 from ..passes.fusion import LoopGroup, NodeUnit, partition
 from . import node_rules
 from .buffers import BufferPlanner
-from .rules import REDUCE_COMBINE, RULES, libm_name, reduce_identity
+from .rules import RULES, is_reduction, libm_name, reduce_identity
 
 # Loop nests with at least this many iterations run their outer loop in parallel.
 PARALLEL_THRESHOLD = 1 << 20
@@ -262,11 +262,12 @@ def check_supported(graph) -> None:
         if node.is_source:
             continue
         if node.op not in RULES and node.op not in node_rules.NODE_RULES and \
-                node.op not in REDUCE_COMBINE:
+                not is_reduction(node):
             raise LoweringError(f"the numba backend cannot lower op {node.op!r} yet")
         if any(d == 0 for d in node.shape):
             raise LoweringError(f"{node.op}: size-0 dims are run eagerly ({node.type_str()})")
 
 
 __all__ = ["LoopGroup", "NodeUnit", "Program", "LoweringError", "lower", "check_supported",
-           "reduce_identity", "kernel_budget", "kernel_cap", "KERNEL_BUDGET", "KERNEL_CAP"]
+           "reduce_identity", "is_reduction", "kernel_budget", "kernel_cap", "KERNEL_BUDGET",
+           "KERNEL_CAP"]

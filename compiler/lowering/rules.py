@@ -9,6 +9,8 @@ polynomials) when it provides them; float64 uses libm through NumPy.
 
 import numpy as np
 
+from ..registry import REGISTRY
+
 _MATHLIB = ("exp", "log", "tanh", "sigmoid", "erf")
 
 
@@ -74,18 +76,27 @@ RULES = {
     "expand": lambda a, node, ctx: a[0],
 }
 
-# Reductions: (initial value, combine(acc, value) expression).
-REDUCE_INIT = {"sum": "zero", "max": "lowest", "min": "highest"}
-REDUCE_COMBINE = {
-    "sum": "{acc} + {v}",
+# Reductions, by the combine and initial kinds their OpDef declares.
+COMBINE = {
+    "add": "{acc} + {v}",
     "max": "{v} if ({v} > {acc} or {v} != {v}) else {acc}",
     "min": "{v} if ({v} < {acc} or {v} != {v}) else {acc}",
 }
 
 
-def reduce_identity(op: str, dtype: np.dtype):
-    """The identity value for reduction `op` on `dtype`."""
-    kind = REDUCE_INIT[op]
+def is_reduction(node) -> bool:
+    """A value-folding reduction (sum, max, min) the loop lowering accumulates."""
+    return REGISTRY[node.op].combine is not None
+
+
+def combine_code(node) -> str:
+    """The accumulate expression template ({acc}, {v}) for reduction `node`."""
+    return COMBINE[REGISTRY[node.op].combine]
+
+
+def reduce_identity(node, dtype: np.dtype):
+    """The initial accumulator for reduction `node` on `dtype`."""
+    kind = REGISTRY[node.op].initial
     if kind == "zero":
         return dtype.type(0)
     if dtype.kind == "f":

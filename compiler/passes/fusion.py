@@ -23,9 +23,9 @@ def is_pointwise(node) -> bool:
 
 
 def is_fusable_reduction(node) -> bool:
-    """sum/max/min (reductions with `dims`), not arg-reductions."""
+    """sum/max/min (value-folding reductions), not arg-reductions."""
     op = REGISTRY[node.op]
-    return Trait.REDUCTION in op.traits and "dims" in op.attrs
+    return op.has(Trait.REDUCTION) and not op.has(Trait.ARG_REDUCTION)
 
 
 @dataclass(eq=False)
