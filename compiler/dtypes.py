@@ -70,3 +70,19 @@ def result_type(operands) -> np.dtype:
         cur = best[prio]
         best[prio] = dtype if cur is None else promote_types(cur, dtype)
     return _combine(best[2], _combine(best[1], best[0]))
+
+
+def priority(ndim: int) -> int:
+    """A tensor operand's promotion priority: 2 with dims, 1 for 0-d (0: Python scalars)."""
+    return 2 if ndim else 1
+
+
+def with_scalar(dtype: np.dtype, value) -> np.dtype:
+    """Result dtype of a tensor of `dtype` with a Python scalar (PyTorch: the scalar's
+    category wins only when it is higher)."""
+    kind = dtype.kind
+    if kind == "f" or isinstance(value, bool):
+        return dtype
+    if kind in "iu":
+        return dtype if isinstance(value, int) else DEFAULT_FLOAT
+    return scalar_dtype(value)  # bool tensor with an int or float scalar

@@ -69,6 +69,11 @@ def _hash_attr(value) -> str:
     return repr(value)
 
 
+def pad_shape(shape) -> tuple:
+    """A shape as generated loops index it: 0-d values are 1-element arrays."""
+    return tuple(shape) if len(shape) else (1,)
+
+
 def size_class(shape) -> tuple:
     """A shape abstracted to what size-generic code depends on: rank and size-1 dims."""
     return tuple(1 if s == 1 else -1 for s in shape)

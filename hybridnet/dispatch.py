@@ -155,19 +155,6 @@ def record(opdef, inputs, attrs, res, requires_grad):
 # ---- dtype promotion for Python-facing ops ----------------------------------------------
 
 
-def _priority(t) -> int:
-    return 2 if t._data.ndim else 1
-
-
-def _scalar_result(dt: np.dtype, value) -> np.dtype:
-    kind = dt.kind
-    if kind == "f" or isinstance(value, bool):
-        return dt
-    if kind in "iu":
-        return dt if isinstance(value, int) else cd.DEFAULT_FLOAT
-    return cd.scalar_dtype(value)  # bool tensor with an int or float scalar
-
-
 def cast(t, dtype: np.dtype):
     """`t` converted to `dtype` through the `cast` primitive (so it is recorded)."""
     if t._data.dtype == dtype:
@@ -201,9 +188,9 @@ def promote(name: str, operands):
         dt = first
     elif len(tensors) == 1 and len(operands) == 2:
         scalar = operands[1] if operands[0] is tensors[0] else operands[0]
-        dt = _scalar_result(first, scalar)
+        dt = cd.with_scalar(first, scalar)
     else:
-        dt = cd.result_type([(t._data.dtype, _priority(t)) if isinstance(t, T)
+        dt = cd.result_type([(t._data.dtype, cd.priority(t._data.ndim)) if isinstance(t, T)
                              else (cd.scalar_dtype(t), 0) for t in operands])
     if Trait.FLOAT_ONLY in opdef.traits and dt.kind != "f":
         dt = cd.DEFAULT_FLOAT

@@ -83,13 +83,15 @@ def binary_(t, name, other, alpha=1):
         src = t if name in ("add", "sub") else snapshot(t)
         return write_result(t, binary(name, src, other), label)
     od = other._data if isinstance(other, Tensor) else other
-    res_dtype = np.result_type(t._data, od) if isinstance(other, Tensor) else (
-        t._data.dtype if t._data.dtype.kind == "f" or isinstance(other, (int, bool))
-        else np.dtype(np.float32))
-    if name == "div" and t._data.dtype.kind != "f":
-        res_dtype = np.dtype(np.float32)
+    dt = t._data.dtype
+    res_dtype = cd.result_type([(dt, cd.priority(t._data.ndim)), (od.dtype, cd.priority(
+        od.ndim))]) if isinstance(other, Tensor) else cd.with_scalar(dt, other)
+    if name == "div" and not cd.is_floating(res_dtype):
+        res_dtype = cd.DEFAULT_FLOAT
     shape = np.broadcast_shapes(t.shape, np.shape(od)) if isinstance(other, Tensor) else t.shape
     _check_result(t, label, shape, res_dtype)
+    if isinstance(od, np.ndarray) and od.dtype != res_dtype:
+        od = od.astype(res_dtype)  # computed in the promoted dtype, as the out-of-place op
     _UFUNCS[name](t._data, od, out=t._data)
     version_counter(t)[0] += 1
     return t

@@ -366,8 +366,3 @@ def _register_tensor_class():
 
 
 _register_tensor_class()
-
-
-def is_grad_enabled() -> bool:
-    """True when grad mode is on."""
-    return STATE.grad

@@ -136,3 +136,15 @@ def test_inplace_operators():
     assert t.tolist() == [5.0, 5.0]
     t.add_(hn.tensor([1.0, 2.0]), alpha=-2.0)
     assert t.tolist() == [3.0, 1.0]
+
+
+def test_in_place_ops_promote_as_out_of_place_ops_do():
+    from compiler.errors import DTypeError
+    t = hn.ones(3)
+    t.mul_(hn.tensor(3.0, dtype=hn.float64))  # a 0-d float64 tensor does not widen float32
+    assert t.dtype == hn.float32 and t.tolist() == [3.0, 3.0, 3.0]
+    with pytest.raises(DTypeError):
+        hn.tensor([True, False]).add_(1)  # an int result cannot be written into bool
+    i = hn.tensor([1, 2, 3])
+    with pytest.raises(DTypeError):
+        i.div_(2)  # true division gives float

@@ -6,7 +6,7 @@ when its shape matches at run time (checked in the generated code, so size-gener
 kernels stay correct), else allocates.
 """
 
-from .node_rules import VIEW_RESULTS
+from .node_rules import view_root
 
 
 class BufferPlanner:
@@ -42,10 +42,8 @@ class BufferPlanner:
         """The node whose buffer `node` views (itself when it owns its data)."""
         found = self._roots.get(id(node))
         if found is None:
-            found = node
-            while found.op in VIEW_RESULTS and found.inputs and \
-                    id(found) in self.units_of and len(self.units_of[id(found)].nodes) == 1:
-                found = found.inputs[0]
+            found = view_root(node, lambda n: id(n) in self.units_of and
+                              len(self.units_of[id(n)].nodes) == 1)
             self._roots[id(node)] = found
         return found
 

@@ -2,12 +2,9 @@
 
 import numpy as np
 
+from ..ir import pad_shape as _pad
 from ..registry import REGISTRY
 from .rules import RULES, combine_code, is_reduction, reduce_identity
-
-
-def _pad(shape) -> tuple:
-    return tuple(shape) if len(shape) else (1,)
 
 
 class _Group:

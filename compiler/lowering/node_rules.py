@@ -6,16 +6,13 @@ size known only at trace time mark the program as not shape-generic.
 
 import numpy as np
 
+from ..ir import pad_shape as _pad
 from .rules import is_reduction
 
 
 def _tuple(parts) -> str:
     parts = [str(p) for p in parts] or ["1"]
     return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
-
-
-def _pad(shape) -> tuple:
-    return tuple(shape) if len(shape) else (1,)
 
 
 def _static(em):
@@ -201,6 +198,14 @@ PARAMETRIZED = frozenset({("slice", "index"), ("pad_slice", "index")})
 
 # Rules whose result may be a view of their operand (everything else is a fresh array).
 VIEW_RESULTS = frozenset({"reshape", "permute", "slice"})
+
+
+def view_root(node, through=None):
+    """The node whose buffer `node` views in generated code (itself when it owns its
+    data); `through(n)`, when given, must hold for every view the walk passes."""
+    while node.op in VIEW_RESULTS and node.inputs and (through is None or through(node)):
+        node = node.inputs[0]
+    return node
 
 NODE_RULES = {
     "reshape": _reshape, "permute": _permute, "slice": _slice, "pad_slice": _pad_slice,

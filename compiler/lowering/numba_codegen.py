@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import OpError
+from ..ir import pad_shape as _pad
 from ..passes.fusion import LoopGroup, NodeUnit, partition
 from . import node_rules
 from .buffers import BufferPlanner
@@ -78,10 +79,6 @@ class Program:
     chunks: list = field(default_factory=list)
     driver: str = ""
     cost: int = 0  # emitted lines (comments aside) Numba compiles
-
-
-def _pad(shape) -> tuple:
-    return tuple(shape) if len(shape) else (1,)
 
 
 class Context:

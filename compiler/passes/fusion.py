@@ -13,6 +13,7 @@ movements (expand, detach: a broadcasting read) fuse.
 
 from dataclasses import dataclass, field
 
+from ..ir import pad_shape as _pad
 from ..registry import REGISTRY, Trait
 
 
@@ -64,10 +65,6 @@ class LoopGroup:
 
     def holds(self, node) -> bool:
         return any(n is node for n in self.nodes)
-
-
-def _pad(shape) -> tuple:
-    return tuple(shape) if len(shape) else (1,)
 
 
 class _Partitioner:

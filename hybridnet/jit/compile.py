@@ -7,7 +7,7 @@ one only in sizes reuses its size-generic kernel without compiling again.
 import math
 import time
 
-from compiler.lowering.node_rules import VIEW_RESULTS
+from compiler.lowering.node_rules import view_root
 from compiler.lowering.numba_codegen import (
     PARALLEL_THRESHOLD,
     LoweringError,
@@ -41,11 +41,7 @@ def optimize(graph):
 def _aliased_results(outputs, fresh) -> list:
     """Results the kernel may return as (views of) an input, a constant or another result
     where eager returned an array of its own (x + 0 simplified to x, say): copied."""
-    def root(node):
-        while node.op in VIEW_RESULTS:
-            node = node.inputs[0]
-        return node
-    roots = [root(o) for o in outputs]
+    roots = [view_root(o) for o in outputs]
     copies = []
     for k, r in enumerate(roots):
         if k < len(fresh) and not fresh[k]:
