@@ -23,3 +23,7 @@ def describe(shapes, dtypes) -> str:
     for shape, dtype in zip(shapes, dtypes):
         parts.append(f"{dtype}[{', '.join(str(s) for s in shape)}]")
     return ", ".join(parts)
+
+
+class LoweringError(OpError):
+    """The graph uses something a backend cannot lower (the caller falls back)."""

@@ -11,6 +11,7 @@ import itertools
 
 import numpy as np
 
+from . import graphviz, interpret
 from .errors import OpError
 from .registry import REGISTRY, Trait
 
@@ -209,15 +210,12 @@ class Graph:
 
     def run(self, *arrays) -> list:
         """Re-execute the graph with the reference interpreter on new input arrays."""
-        from .interpret import run
-        return run(self, *arrays)
+        return interpret.run(self, *arrays)
 
     def to_networkx(self):
         """A `networkx.DiGraph`: one vertex per node (attrs op, shape, dtype), edges by use."""
-        from .graphviz import to_networkx
-        return to_networkx(self)
+        return graphviz.to_networkx(self)
 
     def to_dot(self) -> str:
         """Graphviz DOT source for the graph."""
-        from .graphviz import to_dot
-        return to_dot(self)
+        return graphviz.to_dot(self)

@@ -6,6 +6,7 @@ size known only at trace time mark the program as not shape-generic.
 
 import numpy as np
 
+from ..errors import LoweringError
 from ..ir import pad_shape as _pad
 from .rules import is_reduction
 
@@ -77,7 +78,6 @@ def _int_dot(em, a, b, out, q=""):
 
 
 def _matmul(em, node, a, b):
-    from .numba_codegen import LoweringError
     kind = node.dtype.kind
     if kind not in "fiu":
         raise LoweringError(f"matmul on {node.dtype} is run eagerly")
@@ -216,7 +216,6 @@ NODE_RULES = {
 
 def emit_node(em, node):
     """Append the lines computing `node` (a NodeUnit) to the entry."""
-    from .numba_codegen import LoweringError
     rule = NODE_RULES.get(node.op)
     if rule is None or is_reduction(node):
         raise LoweringError(f"the numba backend cannot lower op {node.op!r} on its own")

@@ -14,19 +14,22 @@ faster than linearly with the size of one function.
 """
 
 import os
-from dataclasses import dataclass, field
 
-import numpy as np
-
-from ..errors import OpError
-from ..ir import pad_shape as _pad
+from ..errors import LoweringError
 from ..passes.fusion import LoopGroup, NodeUnit, partition
 from . import node_rules
 from .buffers import BufferPlanner
-from .rules import RULES, is_reduction, libm_name, reduce_identity
-
-# Loop nests with at least this many iterations run their outer loop in parallel.
-PARALLEL_THRESHOLD = 1 << 20
+from .emit import (
+    PARALLEL_THRESHOLD,
+    Context,
+    Program,
+    _Emitter,
+    code_lines,
+    emit_unit,
+    unit_cost,
+)
+from .rules import RULES, is_reduction, reduce_identity
+from .split import lower_split
 
 # Emitted lines (comments aside) one Numba function may hold; longer programs are split.
 # (Numba's compile time per line starts growing at about this size.)
@@ -36,8 +39,6 @@ KERNEL_BUDGET = 256
 KERNEL_CAP = 6000
 # Fused units beyond which a graph is not even lowered (it runs eagerly).
 MAX_UNITS = 100_000
-# Numba compiles np.concatenate in time that grows with its operands: so many lines each.
-CAT_OPERAND_COST = 8
 
 
 def _env_int(name, default) -> int:
@@ -57,120 +58,6 @@ def kernel_cap() -> int:
     return max(1, _env_int("HYBRIDNET_KERNEL_CAP", KERNEL_CAP))
 
 
-class LoweringError(OpError):
-    """The graph uses something this backend cannot lower (the caller falls back)."""
-
-
-@dataclass
-class Program:
-    """Generated source plus what the runtime needs to call it."""
-
-    source: str
-    entry: str
-    globals: dict
-    units: list
-    shape_generic: bool
-    uses_blas: bool = False
-    notes: list = field(default_factory=list)
-    single_output: bool = False  # the entry returns one array, not a tuple
-    parallel: bool = False  # uses numba.prange (compile with parallel=True)
-    # A split program: its distinct kernels (`split.Chunk`) and the plain-Python driver
-    # source (`entry`, calling them as c0, c1, ...; `globals` are the driver's).
-    chunks: list = field(default_factory=list)
-    driver: str = ""
-    cost: int = 0  # emitted lines (comments aside) Numba compiles
-
-
-class Context:
-    """Naming, typed constants and math-function choice during codegen."""
-
-    def __init__(self, graph, mathlib=None, parallel=False, index=None):
-        self.graph = graph
-        self.parallel = parallel
-        self.parallel_threshold = PARALLEL_THRESHOLD
-        self.uses_prange = False
-        self.index = {id(n): i for i, n in enumerate(graph.nodes)} if index is None else index
-        self.globals = {"np": np}
-        self.mathlib = mathlib or {}
-        self.shape_generic = True
-        self.uses_blas = False
-        self._consts = {}
-
-    def var(self, node) -> str:
-        return f"v{self.index[id(node)]}"
-
-    def scalar(self, node) -> str:
-        return f"s{self.index[id(node)]}"
-
-    def const(self, value, dtype) -> str:
-        dtype = np.dtype(dtype)
-        key = (dtype.str, repr(dtype.type(value).item()))
-        name = self._consts.get(key)
-        if name is None:
-            name = f"K{len(self._consts)}"
-            self._consts[key] = name
-            self.globals[name] = dtype.type(value)
-        return name
-
-    def array_const(self, node) -> str:
-        name = f"A{self.index[id(node)]}"
-        value = np.asarray(node.attrs["value"], dtype=node.dtype)
-        self.globals[name] = np.ascontiguousarray(value.reshape(_pad(value.shape)))
-        return name
-
-    def group_id(self, group) -> int:
-        """The number naming a loop group's size variables (d<id>_<dim>)."""
-        return group.index
-
-    def slice_text(self, index) -> str:
-        """The subscript for a static slice index ((start, stop, step) per dim)."""
-        return ", ".join(f"{a}:{b}:{c}" for a, b, c in index) or ":"
-
-    def math(self, name, dtype, optional=False):
-        fast = self.mathlib.get(f"{name}_{np.dtype(dtype).name[:1]}{np.dtype(dtype).itemsize * 8}")
-        if fast is not None:
-            alias = f"{name}_fast"
-            self.globals[alias] = fast
-            return alias
-        if optional:
-            return None
-        if name == "erf":
-            import math
-            self.globals["math"] = math
-        return libm_name(name)
-
-
-class _Emitter:
-    def __init__(self, graph, ctx, users=None, outputs=None):
-        self.graph, self.ctx = graph, ctx
-        self.lines = []
-        self.users = graph.users() if users is None else users
-        self.outputs = {id(o) for o in graph.outputs} if outputs is None else outputs
-        self.planner = None
-
-    def emit(self, line: str, depth: int = 1):
-        self.lines.append("    " * depth + line)
-
-    # -- values outside loops ------------------------------------------------------------
-
-    def array_of(self, node) -> str:
-        """An expression for node's value as an array (it must be materialized)."""
-        if node.op == "const":
-            if np.ndim(node.attrs["value"]) == 0:
-                return f"np.full((1,), {self.ctx.const(node.attrs['value'], node.dtype)})"
-            return self.ctx.array_const(node)
-        return self.ctx.var(node)
-
-    # -- units --------------------------------------------------------------------------------
-
-    def unit(self, unit, units_of):
-        if isinstance(unit, NodeUnit):
-            node_rules.emit_node(self, unit.node)
-        else:
-            from .loops import emit_group
-            emit_group(self, unit, units_of)
-
-
 def lower(graph, mathlib=None, parallel=False, budget=None) -> Program:
     """Generate the Numba entry for `graph` (an optimized clone).
 
@@ -185,7 +72,6 @@ def lower(graph, mathlib=None, parallel=False, budget=None) -> Program:
     program, costs = _lower_single(graph, units, mathlib, parallel)
     budget = kernel_budget() if budget is None else budget
     if program.cost > budget:
-        from .split import lower_split
         program = lower_split(graph, units, costs, mathlib, parallel, budget) or program
     check_cap(program)
     return program
@@ -200,11 +86,6 @@ def check_cap(program) -> None:
             f"graph too large to compile: {program.cost} lines of distinct kernel code in "
             f"{kernels} kernel(s) exceed the cap of {cap} (HYBRIDNET_KERNEL_CAP); "
             f"{len(program.units)} fused units run eagerly instead")
-
-
-def code_lines(lines) -> int:
-    """Emitted lines that are code (comments aside): the size measure of a kernel."""
-    return sum(1 for line in lines if not line.lstrip().startswith("#"))
 
 
 def _lower_single(graph, units, mathlib, parallel):
@@ -237,22 +118,6 @@ def _lower_single(graph, units, mathlib, parallel):
     return program, costs
 
 
-def unit_cost(unit, lines) -> int:
-    """What a unit costs Numba to compile, in code lines."""
-    extra = 0
-    if isinstance(unit, NodeUnit) and unit.node.op == "cat":
-        extra = CAT_OPERAND_COST * len(unit.node.inputs)
-    return code_lines(lines) + extra
-
-
-def emit_unit(em, unit, units_of):
-    """Append one unit's lines, then let its dead buffers be reused."""
-    em.unit(unit, units_of)
-    if isinstance(unit, NodeUnit) and unit.node.op == "matmul" and len(unit.node.shape) == 2:
-        em.planner.adopt(unit.node, em.ctx.var(unit.node), 2, unit.node.dtype.name)
-    em.planner.release_after(unit.index)
-
-
 def check_supported(graph) -> None:
     """Raise LoweringError naming the first op with no lowering rule."""
     for node in graph.nodes:
@@ -266,5 +131,6 @@ def check_supported(graph) -> None:
 
 
 __all__ = ["LoopGroup", "NodeUnit", "Program", "LoweringError", "lower", "check_supported",
+           "Context", "code_lines", "emit_unit", "PARALLEL_THRESHOLD",
            "reduce_identity", "is_reduction", "kernel_budget", "kernel_cap", "KERNEL_BUDGET",
            "KERNEL_CAP"]

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..passes.fusion import NodeUnit
 from . import chunking
 from .buffers import BufferPlanner
-from .numba_codegen import Context, NodeUnit, Program, _Emitter, code_lines, emit_unit
+from .emit import Context, Program, _Emitter, code_lines, emit_unit
 
 # A concatenation of more arrays than this is run by the driver with NumPy.
 DRIVER_CAT_OPERANDS = 8

@@ -7,6 +7,7 @@ one only in sizes reuses its size-generic kernel without compiling again.
 import math
 import time
 
+from compiler.lowering import mathlib
 from compiler.lowering.node_rules import view_root
 from compiler.lowering.numba_codegen import (
     PARALLEL_THRESHOLD,
@@ -15,6 +16,7 @@ from compiler.lowering.numba_codegen import (
     kernel_budget,
     lower,
 )
+from compiler.passes.manager import optimize as run_passes
 from runtime.cache import KERNELS as _KERNELS
 from runtime.executor import Executable
 from runtime.numba_engine import compile_program
@@ -22,19 +24,11 @@ from runtime.numba_engine import compile_program
 
 def _mathlib():
     """name_f32 -> vectorizable jitted scalar function, from compiler.lowering.mathlib."""
-    try:
-        from compiler.lowering import mathlib
-    except ImportError:
-        return {}
-    return dict(getattr(mathlib, "LOWERING", {}))
+    return dict(mathlib.LOWERING)
 
 
 def optimize(graph):
     """Run the default pass pipeline (a report per pass)."""
-    try:
-        from compiler.passes.manager import optimize as run_passes
-    except ImportError:
-        return graph, []
     return run_passes(graph)
 
 
