@@ -106,6 +106,8 @@ class Tensor:
         if not self.is_leaf and not requires_grad:
             raise RuntimeError("requires_grad can only be turned off on leaf tensors; "
                                "use .detach() for a non-leaf")
+        if STATE.recorders:
+            _note_untraceable("the call changes requires_grad of a tensor")
         self._rg = bool(requires_grad)
         if self._node is not None and self._node.op == "input":
             self._node.requires_grad = self._rg

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from compiler.errors import OpError, describe
+from compiler.errors import describe
 
 
 class Outcome:
@@ -65,12 +65,11 @@ class Executable:
             arrays[i] = arrays[i].reshape(1)
         return arrays
 
-    def _error(self, arrays, exc) -> OpError:
-        """A kernel failure naming the kernel and the shapes and dtypes it was given."""
+    def _error_note(self, arrays) -> str:
+        """Added to a kernel failure (its type kept): the kernel and its inputs."""
         name = getattr(self.kernel, "filename", type(self.kernel).__name__)
         inputs = describe([a.shape for a in arrays], [a.dtype for a in arrays])
-        return OpError(f"compiled kernel {name} failed on inputs ({inputs}): "
-                       f"{type(exc).__name__}: {exc}")
+        return f"while running compiled kernel {name} on inputs ({inputs})"
 
     def run(self, arrays):
         """The output arrays (user-visible ones first), or SIDE_EXIT."""
@@ -82,7 +81,12 @@ class Executable:
         except Exception as exc:
             if type(exc).__module__.startswith("numba."):
                 raise  # (the caller turns a backend rejection into an eager fallback)
-            raise self._error(arrays, exc) from exc
+            if self.guards:  # maybe a path eager would not take: nothing was written yet
+                self.side_exits += 1
+                self.last_exit = ("error", type(exc).__name__, str(exc)[:100])
+                return SIDE_EXIT
+            exc.add_note(self._error_note(arrays))
+            raise
         if self.single:
             outs = (outs,)
         for index, kind, expected in self.guards:

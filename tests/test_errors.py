@@ -171,5 +171,6 @@ def test_executor_errors_name_the_kernel_and_inputs():
 
     exe = Executable(Broken(), 1, [], [], [])
     exe.plain = False
-    with pytest.raises(OpError, match=r"k_test.*float32\[3\].*IndexError: index 7"):
+    with pytest.raises(IndexError, match="index 7") as info:  # its own type, as in eager
         exe.run([np.ones(3, np.float32)])
+    assert any("k_test" in n and "float32[3]" in n for n in info.value.__notes__)

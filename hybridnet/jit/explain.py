@@ -60,8 +60,8 @@ def _trace_lines(j, tr):
 
 def _spec_dict(spec) -> dict:
     metas = spec.key[1] if isinstance(spec.key, tuple) and len(spec.key) > 1 else ()
-    inputs = ", ".join(f"{dt}{list(shape)}{' requires_grad' if rg else ''}"
-                       for shape, dt, rg in metas)
+    inputs = ", ".join(f"{m[1]}{list(m[0])}{' requires_grad' if m[2] else ''}"
+                       for m in metas)
     return {"inputs": f"({inputs})", "fallback": spec.fallback,
             "traces": [_trace_dict(t) for t in spec.traces]}
 

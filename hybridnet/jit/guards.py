@@ -23,8 +23,10 @@ from .keys import (
     _OPAQUE,
     _structure,
     _user_defined,
+    _user_module,
     env_key,
     env_names,
+    env_value_key,
     module_objects_key,
     same_tensors,
 )
@@ -37,6 +39,7 @@ class _Writer:
     def __init__(self):
         self.lines, self.ns, self.flat = [], {"STATE": STATE, "SV": STRUCTURE_VERSION}, []
         self.complex_env = False
+        self.modules = set()  # ids of the modules already checked
 
     def const(self, value, prefix="K") -> str:
         name = f"{prefix}{len(self.ns)}"
@@ -86,6 +89,9 @@ def _value(w, var, obj):
 def _module(w, module):
     """Structure by one counter; the plain objects it holds by key; what its forwards
     reach by name as for a traced function."""
+    if id(module) in w.modules:  # (a forward that reaches its own module by name)
+        return
+    w.modules.add(id(module))
     w.fail_unless("SV[0] == VER[0]")
     structure = _structure(module)
     if structure[3] or structure[5]:
@@ -101,8 +107,9 @@ def _reached(w, expr, value, fn):
         w.fail_unless(f"{expr} is {w.const(value, 'G')}")
         _module(w, value)
         return
-    if isinstance(value, type) and _user_defined(value):
-        w.complex_env = True  # class attributes: the full env key
+    if isinstance(value, type) and _user_defined(value) or \
+            isinstance(value, types.ModuleType) and _user_module(value):
+        w.complex_env = True  # class or config-module attributes: the full env key
         return
     if isinstance(value, (Tensor, Optimizer)) or isinstance(value, _OPAQUE) or value is None:
         if isinstance(value, types.FunctionType) and _user_defined(value):
@@ -143,12 +150,12 @@ def _reach_all(w, fn):
         w.complex_env = True
 
 
-def make_guard(args, kwargs, key, fn=None, module=None, same=None):
+def make_guard(args, kwargs, key, fn=None, module=None, same=None, bound=None):
     """The guard function for a specialization first seen on `args`/`kwargs` with static
     `key` (fn: the plain function whose environment is keyed; module: a traced Module).
     Returns (guard, VER cell to refresh with STRUCTURE_VERSION)."""
     w = _Writer()
-    w.ns.update(VK=value_key, MOK=module_objects_key, EK=env_key,
+    w.ns.update(VK=value_key, MOK=module_objects_key, EK=env_key, SK=env_value_key,
                 VER=[STRUCTURE_VERSION[0]])
     w.fail_unless(f"len(args) == {len(args)}")
     for i, a in enumerate(args):
@@ -165,6 +172,8 @@ def make_guard(args, kwargs, key, fn=None, module=None, same=None):
         fn = None  # (its forwards' environments are part of the module's live key)
     if fn is not None:
         _environment(w, fn)
+    if bound is not None:  # the `self` of a traced bound method
+        w.fail_unless(f"SK({w.const(bound, 'S')}, ()) == {w.const(env_value_key(bound, ()))}")
     w.lines.append(f"    flat = [{', '.join(w.flat)}]")
     if same is not None:
         w.ns.update(SAME=same_tensors, EXPECTED_SAME=same)

@@ -10,6 +10,7 @@ trace instead (`reads.py`).
 
 import functools
 import hashlib
+import sys
 import types
 
 import numpy as np
@@ -33,7 +34,7 @@ _MODULE_TABLES = ("_parameters", "_buffers", "_modules", "_non_persistent", "tra
 _SIMPLE = (int, float, bool, str, bytes, type(None))
 
 
-def module_key(module):
+def module_key(module, seen=()):
     """Module identity, structure, training flags and plain Python attributes (cached until
     any module attribute is set), each parameter's and buffer's shape, dtype and
     requires_grad, the attributes of plain objects a module holds (read per call: they
@@ -42,7 +43,7 @@ def module_key(module):
     its contents (reads.py), one that does not may let it grow."""
     cached = _structure(module)
     metas = tuple((t._data.shape, t._data.dtype, t._rg) for t in cached[2])
-    return cached[1], metas, module_live_key(module)
+    return cached[1], metas, module_live_key(module, seen)
 
 
 def _structure(module):
@@ -78,18 +79,20 @@ def _structure(module):
     return cached
 
 
-def module_live_key(module):
+def module_live_key(module, seen=()):
     """The per-call part of a module's key: plain objects it holds, what forwards reach."""
-    env = tuple(env_key(fn, env_names(fn)) for fn in _structure(module)[4])
-    return module_objects_key(module), env
+    seen = seen + (module,)
+    env = tuple(env_key(fn, env_names(fn), seen) for fn in _structure(module)[4])
+    return module_objects_key(module, seen), env
 
 
-def module_objects_key(module):
+def module_objects_key(module, seen=()):
     """The plain objects (configs, NumPy arrays...) the module tree holds and the class
     attributes of its user-defined classes, by key."""
     cached = _structure(module)
-    return (tuple(env_value_key(m.__dict__.get(name), (module,)) for m, name in cached[3]),
-            tuple(_attrs_key(class_attrs(c), (module, c), None) for c in cached[5]))
+    seen = seen + (module,) if not seen or seen[-1] is not module else seen
+    return (tuple(env_value_key(m.__dict__.get(name), seen) for m, name in cached[3]),
+            tuple(_attrs_key(class_attrs(c), seen + (c,), None) for c in cached[5]))
 
 
 def env_names(fn):
@@ -149,7 +152,7 @@ def env_value_key(value, seen, glb=None):
     if any(value is x for x in seen):
         return ("seen", id(value))
     if isinstance(value, Module):
-        return module_key(value)
+        return module_key(value, seen)
     if isinstance(value, Optimizer):  # settings and state: versioned (optim/tracked.py)
         return ("opt", id(value), value._hn_version[0])
     if isinstance(value, _ENV_VALUES):
@@ -161,7 +164,7 @@ def env_value_key(value, seen, glb=None):
     inner = getattr(value, "_hn_traced_fn", None) if not isinstance(value, type) else None
     if inner is not None:  # a traced helper: what it reads counts too
         if inner.module is not None:
-            return module_key(inner.module)
+            return module_key(inner.module, seen)
         value = inner.fn
     if isinstance(value, types.FunctionType) and _user_defined(value):
         # a helper function: what it reads counts too
@@ -170,6 +173,10 @@ def env_value_key(value, seen, glb=None):
         inner_seen = seen + (value,)
         return ("cls", id(value), _attrs_key(class_attrs(value), inner_seen, glb),
                 _functions_key(value, inner_seen))
+    if isinstance(value, types.ModuleType) and _user_module(value):
+        return ("mod", id(value), tuple(  # a config module: its plain settings
+            (k, env_value_key(v, seen + (value,), glb)) for k, v in vars(value).items()
+            if not k.startswith("_") and isinstance(v, _SIMPLE + (tuple, np.generic))))
     if isinstance(value, _OPAQUE):
         return ("id", id(value))  # other libraries' functions, classes, builtins: identity
     inner_seen = seen + (value,)
@@ -221,6 +228,20 @@ def class_attrs(cls) -> dict:
                 continue
             attrs[k] = v
     return attrs
+
+
+def _user_module(module) -> bool:
+    """A module of the user's own code (a config module), not a library's or a package."""
+    top = module.__name__.split(".")[0]
+    if top in sys.stdlib_module_names or top.lstrip("_") in sys.stdlib_module_names or \
+            top in _LIBRARIES or hasattr(module, "__path__"):
+        return False
+    path = getattr(module, "__file__", None) or ""
+    return "site-packages" not in path and "dist-packages" not in path
+
+
+_LIBRARIES = ("hybridnet", "compiler", "runtime", "numpy", "numba", "llvmlite", "scipy",
+              "networkx", "torch", "jax", "builtins")
 
 
 def _user_defined(obj) -> bool:
@@ -280,7 +301,7 @@ def _describe_metas(new, old) -> str:
 
 
 def _meta(m) -> str:
-    shape, dtype, rg = m
+    shape, dtype, rg = m[:3]
     return f"{dtype}{list(shape)}{' requires_grad' if rg else ''}"
 
 

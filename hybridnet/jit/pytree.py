@@ -1,9 +1,12 @@
 """Flatten nested Python containers of tensors into (leaves, spec) and back."""
 
+import collections
+
 from ..nn.module import Module
 from ..tensor import Tensor
 
 _STATIC = (int, float, bool, str, bytes, type(None))
+_DICTS = (dict, collections.OrderedDict)
 
 
 class Unsupported(TypeError):
@@ -23,14 +26,14 @@ def flatten(obj, leaves=None):
     if isinstance(obj, Module):  # e.g. `self` of a traced method: keyed by its state
         from .keys import module_key
         return leaves, ("M", obj, module_key(obj))
-    if isinstance(obj, (tuple, list)):
+    if type(obj) in (tuple, list) or (isinstance(obj, tuple) and hasattr(obj, "_fields")):
         specs = tuple(flatten(item, leaves)[1] for item in obj)
-        kind = "list" if isinstance(obj, list) else type(obj)
+        kind = "list" if type(obj) is list else type(obj)
         return leaves, ("C", kind, specs)
-    if isinstance(obj, dict):
+    if type(obj) in _DICTS:  # (other subclasses may hold state we cannot rebuild)
         keys = tuple(obj.keys())
         specs = tuple(flatten(obj[k], leaves)[1] for k in keys)
-        return leaves, ("D", keys, specs)
+        return leaves, ("D", keys, specs, type(obj))
     raise Unsupported(f"values of type {type(obj).__name__} cannot be traced")
 
 
@@ -58,4 +61,4 @@ def _build(spec, it):
         if kind is tuple:
             return tuple(items)
         return kind(items) if not hasattr(kind, "_fields") else kind(*items)
-    return {k: _build(s, it) for k, s in zip(spec[1], spec[2])}
+    return spec[3]((k, _build(s, it)) for k, s in zip(spec[1], spec[2]))

@@ -13,6 +13,7 @@ says what differed.
 import functools
 import os
 import time
+import types
 
 from runtime.cache import SpecializationCache
 from runtime.executor import Outcome
@@ -24,7 +25,14 @@ from ..nn.module import STRUCTURE_VERSION, Module
 from .build import Untraceable, build
 from .compile import LoweringError, compile_trace
 from .guards import make_guard
-from .keys import describe_key_difference, env_key, env_names, module_key, same_tensors
+from .keys import (
+    describe_key_difference,
+    env_key,
+    env_names,
+    env_value_key,
+    module_key,
+    same_tensors,
+)
 from .pytree import Unsupported, flatten
 from .run import Trace
 from .stats import Stats
@@ -56,6 +64,7 @@ class Specialization:
         self.fallback = None  # reason this key runs eagerly
         self.guard = None  # generated hit test (guards.py), once a trace compiled
         self.version = None  # its STRUCTURE_VERSION cell
+        self.pending = None  # (guard, cell) made before the first recording
 
 
 class TracedFunction:
@@ -75,6 +84,8 @@ class TracedFunction:
         self.stats = Stats()
         self.specializations = SpecializationCache(cache_limit)
         self._env_fn = None if self.module is not None else fn  # (modules: module_key)
+        # a bound method: what its `self` holds counts too
+        self._self = fn.__self__ if isinstance(fn, types.MethodType) else None
         self._globals_size = -1
         self._refresh_env()
         self._hot = []  # specializations with a guard function, most recently hit first
@@ -100,12 +111,14 @@ class TracedFunction:
 
     def _key(self, flat, spec):
         self._refresh_env()
-        metas = tuple((t._data.shape, t._data.dtype, t._rg) for t in flat)
+        metas = tuple((t._data.shape, t._data.dtype, t._rg, t.__class__) for t in flat)
         key = (spec, metas, STATE.grad, same_tensors(flat))
         if self.module is not None:
             key += (module_key(self.module),)
         if self._has_env:
             key += (env_key(self._env_fn, self._env_names),)
+        if self._self is not None:
+            key += (env_value_key(self._self, ()),)
         return key
 
     # -- calling ---------------------------------------------------------------------------
@@ -182,6 +195,12 @@ class TracedFunction:
         return describe_key_difference(key, nearest)
 
     def _trace_and_compile(self, entry, flat, args, kwargs, first):
+        if entry.guard is None and entry.pending is None:
+            # the hit test describes the state the call starts from (the call itself may
+            # change what it reads)
+            entry.pending = make_guard(
+                args, kwargs, entry.key, fn=self._env_fn if self._has_env else None,
+                module=self.module, same=entry.key[3], bound=self._self)
         result, tg_or_exc = self._record(flat, args, kwargs, entry.key)
         if isinstance(tg_or_exc, Exception):
             reason = str(tg_or_exc)
@@ -233,10 +252,8 @@ class TracedFunction:
         else:
             self.stats.compiles += 1
         entry.traces.append(Trace(tg, res, self.stats))
-        if entry.guard is None:
-            entry.guard, entry.version = make_guard(
-                args, kwargs, entry.key, fn=self._env_fn if self._has_env else None,
-                module=self.module, same=entry.key[3])
+        if entry.guard is None and entry.pending is not None:
+            entry.guard, entry.version = entry.pending
             self._promote(entry)
 
     def _promote(self, entry):
@@ -323,7 +340,18 @@ class TracedFunction:
 
 class TracedModule(TracedFunction):
     """`hn.trace(module)`: calls run the traced forward; everything else (attributes,
-    `parameters()`, `train()`, `eval()`, `state_dict()`, ...) is the module's own."""
+    `parameters()`, `train()`, `eval()`, `state_dict()`, ...) is the module's own, and
+    attributes set on it are set on the module."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._ready = True
+
+    def __setattr__(self, name, value):
+        if name.startswith("_") or not self.__dict__.get("_ready") or name in self.__dict__:
+            object.__setattr__(self, name, value)  # the wrapper's own state
+        else:
+            setattr(self.__dict__["module"], name, value)
 
     def __getattr__(self, name):
         # only reached for names the traced wrapper does not define itself
@@ -349,6 +377,8 @@ def _describe_exit(entry) -> str:
         seen = trace.result.executable.last_exit
         if seen is not None:
             kind, expected, now = seen
+            if kind == "error":
+                return f"the kernel raised {expected} ({now}) where a value guard decides"
             return f"value guard {kind}() saw {expected!r} while tracing, {now!r} now"
     return "a value guard failed"
 
@@ -368,7 +398,7 @@ def _ints_in(key) -> frozenset:
 
 def _describe_inputs(key) -> str:
     metas = key[1] if isinstance(key, tuple) and len(key) > 1 else ()
-    shapes = ", ".join(f"{dt}{list(shape)}" for shape, dt, _ in metas)
+    shapes = ", ".join(f"{m[1]}{list(m[0])}" for m in metas)
     return f"(inputs {shapes})" if shapes else ""
 
 
