@@ -26,7 +26,7 @@ def flatten(obj, leaves=None):
     if isinstance(obj, Module):  # e.g. `self` of a traced method: keyed by its state
         from .keys import module_key
         return leaves, ("M", obj, module_key(obj))
-    if type(obj) in (tuple, list) or (isinstance(obj, tuple) and hasattr(obj, "_fields")):
+    if isinstance(obj, (tuple, list)):  # (subclasses are rebuilt from their items)
         specs = tuple(flatten(item, leaves)[1] for item in obj)
         kind = "list" if type(obj) is list else type(obj)
         return leaves, ("C", kind, specs)
