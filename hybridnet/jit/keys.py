@@ -187,7 +187,7 @@ def env_value_key(value, seen, glb=None):
 
 def _container_key(value, seen, glb):
     try:
-        leaves, spec = flatten(value)
+        leaves, spec = flatten(value, module_key=module_key)
         return (spec, tuple(id(t) for t in leaves))
     except Unsupported:  # (NumPy values, objects inside): element by element
         items = value.items() if isinstance(value, dict) else enumerate(value)

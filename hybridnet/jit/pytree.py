@@ -13,8 +13,9 @@ class Unsupported(TypeError):
     """An argument or result the JIT cannot describe (the call runs eagerly)."""
 
 
-def flatten(obj, leaves=None):
-    """Tensors become leaves; containers and Python scalars become a hashable spec."""
+def flatten(obj, leaves=None, module_key=None):
+    """Tensors become leaves; containers and Python scalars become a hashable spec.
+    Modules (the `self` of a traced method) are keyed by `module_key(module)` when given."""
     leaves = [] if leaves is None else leaves
     if isinstance(obj, Tensor):
         leaves.append(obj)
@@ -24,15 +25,14 @@ def flatten(obj, leaves=None):
     if isinstance(obj, _STATIC):
         return leaves, ("S", type(obj).__name__, obj)
     if isinstance(obj, Module):  # e.g. `self` of a traced method: keyed by its state
-        from .keys import module_key
-        return leaves, ("M", obj, module_key(obj))
+        return leaves, ("M", obj, None if module_key is None else module_key(obj))
     if isinstance(obj, (tuple, list)):  # (subclasses are rebuilt from their items)
-        specs = tuple(flatten(item, leaves)[1] for item in obj)
+        specs = tuple(flatten(item, leaves, module_key)[1] for item in obj)
         kind = "list" if type(obj) is list else type(obj)
         return leaves, ("C", kind, specs)
     if type(obj) in _DICTS:  # (other subclasses may hold state we cannot rebuild)
         keys = tuple(obj.keys())
-        specs = tuple(flatten(obj[k], leaves)[1] for k in keys)
+        specs = tuple(flatten(obj[k], leaves, module_key)[1] for k in keys)
         return leaves, ("D", keys, specs, type(obj))
     raise Unsupported(f"values of type {type(obj).__name__} cannot be traced")
 

@@ -142,7 +142,7 @@ class TracedFunction:
     def _slow_call(self, args, kwargs):
         self.stats.slow_lookups += 1
         try:
-            flat, spec = flatten((args, kwargs))
+            flat, spec = flatten((args, kwargs), module_key=module_key)
         except Unsupported as exc:
             return self._eager(args, kwargs, f"unsupported argument: {exc}")
         if STATE.grad and any(t._rg for t in flat):
