@@ -9,13 +9,10 @@ import functools
 import types
 
 import numpy as np
+from trace_helpers import values as _vals
 
 import hybridnet as hn
 from hybridnet import nn, optim
-
-
-def _vals(t):
-    return None if t is None else t.detach().numpy().copy()
 
 
 def _both(scenario):

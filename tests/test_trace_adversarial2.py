@@ -9,23 +9,10 @@ root cause.
 import types
 
 import numpy as np
+from trace_helpers import run_twice_then as _run_twice_then
 
 import hybridnet as hn
 from hybridnet import nn
-
-
-def _vals(t):
-    return None if t is None else t.detach().numpy().copy()
-
-
-def _run_twice_then(traced, x, change):
-    """Trace and compile on `x`, apply `change`, return the next traced result."""
-    with hn.no_grad():
-        traced(x)
-        traced(x)
-        change()
-        return _vals(traced(x))
-
 
 # ---- what the function reaches by name ---------------------------------------------------
 

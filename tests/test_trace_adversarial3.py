@@ -12,24 +12,12 @@ from collections import OrderedDict
 
 import numpy as np
 import pytest
+from trace_helpers import run_twice_then as _run_twice_then
+from trace_helpers import values as _vals
 
 import hybridnet as hn
 import hybridnet.nn.functional as F
 from hybridnet import nn
-
-
-def _vals(t):
-    return None if t is None else t.detach().numpy().copy()
-
-
-def _run_twice_then(traced, x, change):
-    """Trace and compile on `x`, apply `change`, return the next traced result."""
-    with hn.no_grad():
-        traced(x)
-        traced(x)
-        change()
-        return _vals(traced(x))
-
 
 # ---- results and arguments: containers and tensor classes ----------------------------
 
@@ -273,3 +261,31 @@ def test_requires_grad_cleared_inside_on_an_argument_is_replayed():
             a.requires_grad_(True)
             f(a)
             assert not a.requires_grad, i
+
+
+_MAIN_SCRIPT = '''
+import hybridnet as hn
+SCALE = 2.0
+def helper(x):
+    return x * SCALE
+@hn.trace
+def f(x):
+    return helper(x)
+with hn.no_grad():
+    x = hn.ones(2)
+    f(x); f(x)
+    SCALE = 3.0
+    print(f(x).tolist())
+'''
+
+
+def test_helper_of_a_script_reading_a_global_is_guarded(tmp_path):
+    # Code run as a script lives in module "__main__", which keys._user_defined took for
+    # a private library module: its helpers were keyed by identity and SCALE stayed 2.0.
+    import subprocess
+    import sys
+    script = tmp_path / "script.py"
+    script.write_text(_MAIN_SCRIPT)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[3.0, 3.0]"

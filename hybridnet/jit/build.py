@@ -15,6 +15,7 @@ import numpy as np
 from compiler.ir import Graph, Node
 
 from ..dispatch import node_of
+from ..tensor import Tensor
 from .reads import entry_checks
 
 
@@ -210,9 +211,10 @@ def build(recorder, flat_args, arg_nodes, result_leaves, pinned=frozenset()) -> 
     grad_writes = _grad_writes(b, recorder, out_nodes, result_leaves)
     outputs = [_result_source(b, t, k, result_leaves) for k, t in enumerate(result_leaves)]
     fresh = _fresh_results(b, result_leaves)
+    bases = _view_bases(b, recorder)
     for k, t in enumerate(result_leaves):
         if outputs[k][0] == "out":
-            view = _view_source(b, recorder, t, result_leaves[:k])
+            view = _view_source(b, bases, t, result_leaves[:k])
             if view is not None:
                 outputs[k] = view
             elif not fresh[k]:
@@ -238,7 +240,7 @@ def _tensors_in_reads(recorder) -> frozenset:
             stack.extend(v)
         elif isinstance(v, dict):
             stack.extend(v.values())
-        elif hasattr(v, "_grad"):  # a tensor
+        elif isinstance(v, Tensor):
             found.add(id(v))
     return frozenset(found)
 
@@ -258,15 +260,22 @@ def _result_source(b, t, k, result_leaves):
     return ("out", k)
 
 
-def _view_source(b, recorder, t, earlier):
+def _view_bases(b, recorder):
+    """Where a result's movement ops may start: input nodes, and the final nodes of tensors
+    updated in place (both by input position)."""
+    input_pos = {id(node): i for i, node in enumerate(b.inputs)}
+    finals = {id(u._node): b.source_of_tensor[id(u)] for u in recorder.mutated
+              if id(u) in b.source_of_tensor and u._node is not None}
+    return input_pos, finals
+
+
+def _view_source(b, bases, t, earlier):
     """A result made by movement ops (reshape, permute, expand, slice, detach) from an
     input, a tensor updated in place, or an earlier result: ("view", base, ops), replayed
     with the ops' NumPy impls on the base at call time, so it is a view or a copy, shares
     memory and the version counter, exactly as in eager for that call's layout (None if
     it is not such a result)."""
-    input_pos = {id(node): i for i, node in enumerate(b.inputs)}
-    finals = {id(u._node): b.source_of_tensor[id(u)] for u in recorder.mutated
-              if id(u) in b.source_of_tensor and u._node is not None}
+    input_pos, finals = bases
     results = {id(node_of(r)): j for j, r in enumerate(earlier)}
     node, chain = node_of(t), []
     while True:

@@ -7,7 +7,6 @@ one only in sizes reuses its size-generic kernel without compiling again.
 import math
 import time
 
-from compiler.lowering import mathlib
 from compiler.lowering.node_rules import view_root
 from compiler.lowering.numba_codegen import (
     PARALLEL_THRESHOLD,
@@ -23,7 +22,11 @@ from runtime.numba_engine import compile_program
 
 
 def _mathlib():
-    """name_f32 -> vectorizable jitted scalar function, from compiler.lowering.mathlib."""
+    """name_f32 -> vectorizable jitted scalar function, from compiler.lowering.mathlib.
+
+    Imported at the first compile, not with hybridnet: it imports Numba (about 0.15 s),
+    which eager-only use never needs."""
+    from compiler.lowering import mathlib
     return dict(mathlib.LOWERING)
 
 

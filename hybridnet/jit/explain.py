@@ -2,6 +2,7 @@
 
 from compiler.passes.fusion import describe as describe_units
 
+from .keys import describe_meta
 from .traced import TracedFunction, trace
 
 
@@ -60,8 +61,7 @@ def _trace_lines(j, tr):
 
 def _spec_dict(spec) -> dict:
     metas = spec.key[1] if isinstance(spec.key, tuple) and len(spec.key) > 1 else ()
-    inputs = ", ".join(f"{m[1]}{list(m[0])}{' requires_grad' if m[2] else ''}"
-                       for m in metas)
+    inputs = ", ".join(describe_meta(m) for m in metas)
     return {"inputs": f"({inputs})", "fallback": spec.fallback,
             "traces": [_trace_dict(t) for t in spec.traces]}
 

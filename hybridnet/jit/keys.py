@@ -19,6 +19,7 @@ from ..nn.module import STRUCTURE_VERSION, Module
 from ..optim.optimizer import Optimizer
 from ..tensor import Tensor
 from .pytree import Unsupported, flatten
+from .reads import value_key
 
 
 def same_tensors(flat):
@@ -148,7 +149,7 @@ def env_value_key(value, seen, glb=None):
     if isinstance(value, Tensor):
         return id(value)
     if isinstance(value, _SIMPLE):
-        return (type(value), value.hex() if isinstance(value, float) else value)
+        return value_key(value)
     if any(value is x for x in seen):
         return ("seen", id(value))
     if isinstance(value, Module):
@@ -232,23 +233,27 @@ def class_attrs(cls) -> dict:
 
 def _user_module(module) -> bool:
     """A module of the user's own code (a config module), not a library's or a package."""
-    top = module.__name__.split(".")[0]
-    if top in sys.stdlib_module_names or top.lstrip("_") in sys.stdlib_module_names or \
-            top in _LIBRARIES or hasattr(module, "__path__"):
-        return False
     path = getattr(module, "__file__", None) or ""
-    return "site-packages" not in path and "dist-packages" not in path
-
-
-_LIBRARIES = ("hybridnet", "compiler", "runtime", "numpy", "numba", "llvmlite", "scipy",
-              "networkx", "torch", "jax", "builtins")
+    return not _library(module.__name__) and not hasattr(module, "__path__") and \
+        "site-packages" not in path and "dist-packages" not in path
 
 
 def _user_defined(obj) -> bool:
-    """A class or function of the user's code (not Python's, NumPy's or hybridnet's)."""
-    module = getattr(obj, "__module__", "") or ""
-    return module not in ("builtins", "abc", "types", "functools") and not module.startswith(
-        ("hybridnet", "numpy", "compiler", "runtime", "_"))
+    """A class or function of the user's code (not Python's, a library's or hybridnet's)."""
+    return not _library(getattr(obj, "__module__", "") or "")
+
+
+_LIBRARIES = ("hybridnet", "compiler", "runtime", "numpy", "numba", "llvmlite", "scipy",
+              "networkx", "torch", "jax", "pytest", "_pytest", "hypothesis")
+
+
+def _library(module_name: str) -> bool:
+    """Python's own modules and the libraries' (their values count by identity)."""
+    top = module_name.split(".")[0]
+    if top == "__main__":  # a script's own code
+        return False
+    return not top or top in sys.stdlib_module_names or \
+        top.lstrip("_") in sys.stdlib_module_names or top in _LIBRARIES
 
 
 def _attributes(obj) -> dict:
@@ -296,11 +301,12 @@ def _describe_metas(new, old) -> str:
         return f"number of tensor inputs {len(new)} (was {len(old)})"
     for i, (a, b) in enumerate(zip(new, old)):
         if a != b:
-            return (f"tensor input {i}: {_meta(a)} (was {_meta(b)})")
+            return (f"tensor input {i}: {describe_meta(a)} (was {describe_meta(b)})")
     return "tensor inputs"
 
 
-def _meta(m) -> str:
+def describe_meta(m) -> str:
+    """One tensor input of a key as text: 'float32[3, 4] requires_grad'."""
     shape, dtype, rg = m[:3]
     return f"{dtype}{list(shape)}{' requires_grad' if rg else ''}"
 

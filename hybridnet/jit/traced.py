@@ -27,6 +27,7 @@ from .compile import LoweringError, compile_trace
 from .guards import make_guard
 from .keys import (
     describe_key_difference,
+    describe_meta,
     env_key,
     env_names,
     env_value_key,
@@ -398,7 +399,7 @@ def _ints_in(key) -> frozenset:
 
 def _describe_inputs(key) -> str:
     metas = key[1] if isinstance(key, tuple) and len(key) > 1 else ()
-    shapes = ", ".join(f"{m[1]}{list(m[0])}" for m in metas)
+    shapes = ", ".join(describe_meta(m) for m in metas)
     return f"(inputs {shapes})" if shapes else ""
 
 
