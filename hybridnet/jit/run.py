@@ -26,7 +26,6 @@ class Trace:
     def __init__(self, tg, result, stats):
         self.tg = tg
         self.result = result
-        self.path = tuple(g[2] for g in tg.guards)
         self.stats = stats
         self._targets = frozenset(t for _, t in tg.writebacks)
         self._simple = all(s.kind == "arg" for s in tg.sources) and not tg.checks
