@@ -1,7 +1,19 @@
-"""Bind the functional ops as Tensor methods (`t.exp()`, `t.sum(dim)`, `t.reshape(...)`)."""
+"""Bind operators and the op modules' functions onto `Tensor` (`t + u`, `t.exp()`,
+`t.sum(dim)`, `t[i]`, `t.backward()`), once those modules exist.
+
+The tensor type sits at the bottom of the user layer and imports none of the op
+modules; this module, at the top, wires them in, as PyTorch's `_tensor.py` binds
+methods onto the C tensor type.
+"""
+
+import numpy as np
 
 from . import functional as F
 from . import inplace, shape
+from .autograd import backward
+from .creation import tensor
+from .dispatch import binary_op
+from .indexing import getitem, setitem
 from .tensor import Tensor
 
 _FUNCTIONAL = [
@@ -12,12 +24,81 @@ _FUNCTIONAL = [
 ]
 _SHAPE = [
     "reshape", "view", "flatten", "permute", "transpose", "unsqueeze", "squeeze", "expand",
-    "contiguous", "clone", "split", "chunk", "to",
+    "contiguous", "clone", "split", "chunk", "to", "detach",
 ]
 _INPLACE = ["add_", "sub_", "mul_", "div_", "fill_", "zero_", "copy_", "clamp_"]
 
+# name -> (op, reflected?): `t + u` is add(t, u); `2 - t` is sub(2, t). The commutative
+# reflections keep the tensor first, which keeps the fast path.
+_BINARY = {
+    "__add__": ("add", False), "__radd__": ("add", False), "__sub__": ("sub", False),
+    "__rsub__": ("sub", True), "__mul__": ("mul", False), "__rmul__": ("mul", False),
+    "__truediv__": ("div", False), "__rtruediv__": ("div", True), "__pow__": ("pow", False),
+    "__rpow__": ("pow", True), "__lt__": ("lt", False), "__le__": ("le", False),
+    "__gt__": ("gt", False), "__ge__": ("ge", False),
+}
+_COMPARABLE = (Tensor, int, float, bool, np.generic, np.ndarray)
+
+
+def _binary_method(name, reflected):
+    op = binary_op(name)
+    if not reflected:
+        return op  # a plain function: bound as a method, `self` is its first operand
+
+    def method(self, other):
+        return op(other, self)
+    return method
+
+
+def _init(self, data, dtype=None, requires_grad=False):
+    """Tensor(data, dtype=None, requires_grad=False): as hn.tensor(...)."""
+    t = tensor(data, dtype=dtype, requires_grad=requires_grad)
+    self._data, self._rg, self._grad, self._node, self._vc = t._data, t._rg, None, None, None
+
+
+_EQ, _NE = binary_op("eq"), binary_op("ne")
+
+
+def _eq(self, other):
+    if not isinstance(other, _COMPARABLE):
+        return NotImplemented
+    return _EQ(self, other)
+
+
+def _ne(self, other):
+    if not isinstance(other, _COMPARABLE):
+        return NotImplemented
+    return _NE(self, other)
+
+
+def _invert(self):
+    if self._data.dtype.kind != "b":
+        raise TypeError(f"~ is only defined for bool tensors, got {self.dtype}")
+    return _EQ(self, False)
+
+
+def _backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+    """Accumulate gradients of this tensor into the leaves' `.grad`."""
+    backward(self, gradient, retain_graph, create_graph, inputs)
+
+
+def _operators():
+    for name, (op, reflected) in _BINARY.items():
+        setattr(Tensor, name, _binary_method(op, reflected))
+    Tensor.__init__ = _init
+    Tensor.__neg__, Tensor.__abs__ = F.neg, F.abs
+    Tensor.__pos__ = lambda t: t
+    Tensor.__eq__, Tensor.__ne__, Tensor.__invert__ = _eq, _ne, _invert
+    Tensor.__and__, Tensor.__or__ = F.bitwise_and, F.bitwise_or
+    Tensor.__matmul__ = F.matmul
+    Tensor.__rmatmul__ = lambda t, other: F.matmul(other, t)
+    Tensor.__iadd__, Tensor.__isub__ = inplace.add_, inplace.sub_
+    Tensor.__imul__, Tensor.__itruediv__ = inplace.mul_, inplace.div_
+    Tensor.__getitem__, Tensor.__setitem__ = getitem, setitem
+
 
 def _bind():
+    _operators()
     for name in _FUNCTIONAL:
         setattr(Tensor, name, getattr(F, name))
     for name in _SHAPE:
@@ -34,12 +115,6 @@ def _bind():
     Tensor.expand_as = lambda t, other: shape.expand(t, *other.shape)
     Tensor.view_as = lambda t, other: shape.reshape(t, *other.shape)
     Tensor.backward = _backward
-
-
-def _backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
-    """Accumulate gradients of this tensor into the leaves' `.grad`."""
-    from .autograd import backward
-    backward(self, gradient, retain_graph, create_graph, inputs)
 
 
 _bind()

@@ -8,9 +8,9 @@ from compiler import autodiff
 from compiler.errors import ShapeError
 from compiler.ir import Graph
 
-from ._state import STATE
+from ._state import STATE, note_untraceable
 from .dispatch import CLOSED, EMIT, node_of
-from .tensor import Tensor
+from .tensor import Tensor, make, wrap
 
 
 class _GradMode:
@@ -81,8 +81,8 @@ def _check_saved(node):
 
 def _value_of(create_graph):
     if create_graph:
-        return lambda node: Tensor._wrap(node.value, node.requires_grad, node)
-    return lambda node: Tensor._wrap(node.value)
+        return lambda node: make(node.value, node.requires_grad, node)
+    return lambda node: wrap(node.value)
 
 
 def _root_grads(outputs, grad_outputs, op_name):
@@ -97,14 +97,14 @@ def _root_grads(outputs, grad_outputs, op_name):
                     f"{op_name}: grad can be implicitly created only for scalar outputs; "
                     f"output {i} has shape {list(out.shape)} (from '{out._node.op}'); pass "
                     f"gradient= of that shape")
-            g = Tensor._wrap(np.ones(out.shape, out._data.dtype))
+            g = wrap(np.ones(out.shape, out._data.dtype))
         else:
-            g = g if isinstance(g, Tensor) else Tensor._wrap(np.asarray(g, out._data.dtype))
+            g = g if isinstance(g, Tensor) else wrap(np.asarray(g, out._data.dtype))
             if g.shape != out.shape:
                 raise ShapeError(f"{op_name}: gradient has shape {list(g.shape)} but the output "
                                  f"has shape {list(out.shape)} (from '{out._node.op}')")
             if g._data.dtype != out._data.dtype:
-                g = Tensor._wrap(g._data.astype(out._data.dtype))
+                g = wrap(g._data.astype(out._data.dtype))
         grads.append(g)
     return grads
 
@@ -144,7 +144,6 @@ def backward(tensor, gradient=None, retain_graph=None, create_graph=False, input
 
 
 def _note_autograd(what):
-    from .capture import note_untraceable
     note_untraceable(f"autograd not compiled yet: the call runs {what}")
 
 
@@ -154,9 +153,9 @@ def _accumulate(leaf, g, create_graph):
         return
     data = g._data
     if leaf._grad is None:
-        leaf._grad = Tensor._wrap(np.array(data, dtype=leaf._data.dtype, copy=True))
+        leaf._grad = wrap(np.array(data, dtype=leaf._data.dtype, copy=True))
     elif leaf._grad._rg or leaf._grad._data.shape != data.shape:
-        leaf._grad = Tensor._wrap(leaf._grad._data + data)
+        leaf._grad = wrap(leaf._grad._data + data)
     else:
         leaf._grad._data += data
 
@@ -181,7 +180,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     def sink(node, g):
         i = targets.get(id(node))
         if i is not None:
-            found[i] = g if create_graph else Tensor._wrap(g._data)
+            found[i] = g if create_graph else wrap(g._data)
 
     retain = create_graph if retain_graph is None else retain_graph
     _run(outputs, grad_outputs, sink, retain, create_graph, "grad")

@@ -7,12 +7,9 @@ computed outside the op set), value-dependent decisions (`bool(t)`, `t.item()`,
 call impossible to replay (`t.numpy()`, random numbers, ...).
 """
 
-import numpy as np
-
-from ._state import STATE
+from ._state import STATE, TraceHooks
 from .autograd import Recorder
 from .dispatch import node_of
-from .tensor import Tensor
 
 
 class ValueGuard:
@@ -27,8 +24,11 @@ class ValueGuard:
         return f"ValueGuard({self.kind}({self.node.op} {self.node.type_str()}) == {self.value!r})"
 
 
-class TraceRecorder(Recorder):
-    """Records one eager call of a traced function (see module docstring)."""
+class TraceRecorder(Recorder, TraceHooks):
+    """Records one eager call of a traced function (see module docstring).
+
+    While its block runs it is `STATE.tracer`: the hook table the layers below report
+    to (`hybridnet._state.TraceHooks`)."""
 
     def __init__(self):
         super().__init__()
@@ -45,6 +45,7 @@ class TraceRecorder(Recorder):
         self.attr_reads = {}  # (id(obj), name) -> (obj, name, value): containers read
         self.optimizers = {}  # id -> optimizer whose step ran (guarded by its version)
         self.versions = None  # (module structure, optimizer writes) counters at entry
+        self._outer = None  # the tracer this one hides while it runs
 
     # -- hooks called from the tensor layer -------------------------------------------
 
@@ -54,6 +55,9 @@ class TraceRecorder(Recorder):
     def note_literal(self, t):
         self.created[id(t)] = t
         self.literals.add(id(t))
+
+    def is_literal(self, t) -> bool:
+        return id(t) in self.literals
 
     def untraceable(self, reason: str):
         if reason not in self.reasons:
@@ -90,7 +94,7 @@ class TraceRecorder(Recorder):
 
     def __enter__(self):
         super().__enter__()
-        _install_wrap_hook()
+        self._outer, STATE.tracer = STATE.tracer, self
         for install, _ in TRACE_HOOKS:
             install()
         self.versions = tuple(counter[0] for counter in VERSION_COUNTERS)
@@ -102,7 +106,7 @@ class TraceRecorder(Recorder):
         return self.versions != tuple(counter[0] for counter in VERSION_COUNTERS)
 
     def __exit__(self, *exc):
-        _remove_wrap_hook()
+        STATE.tracer, self._outer = self._outer, None
         for _, remove in TRACE_HOOKS:
             remove()
         return super().__exit__(*exc)
@@ -116,66 +120,5 @@ VERSION_COUNTERS = []
 
 
 def active():
-    """The innermost TraceRecorder, or None (cheap when nothing is recorded)."""
-    if not STATE.recorders:
-        return None
-    for rec in reversed(STATE.recorders):
-        if isinstance(rec, TraceRecorder):
-            return rec
-    return None
-
-
-# ---- noting tensors created while tracing --------------------------------------------------
-
-_plain_wrap = Tensor.__dict__["_wrap"]
-_hooks = [0]
-
-
-def _tracking_wrap(cls, data, requires_grad=False, node=None):
-    t = _plain_wrap.__func__(cls, data, requires_grad, node)
-    rec = active()
-    if rec is not None and node is None:
-        rec.note_created(t)
-    return t
-
-
-def _install_wrap_hook():
-    _hooks[0] += 1
-    if _hooks[0] == 1:
-        Tensor._wrap = classmethod(_tracking_wrap)
-
-
-def _remove_wrap_hook():
-    _hooks[0] -= 1
-    if _hooks[0] == 0:
-        Tensor._wrap = _plain_wrap
-
-
-def literal(arr) -> Tensor:
-    """A tensor holding a constant built from literals (safe to bake into a trace)."""
-    t = _plain_wrap.__func__(Tensor, np.asarray(arr))
-    rec = active()
-    if rec is not None:
-        rec.note_literal(t)
-    return t
-
-
-def note_untraceable(reason: str) -> None:
-    """Mark the call being traced (if any) as impossible to replay, with the reason."""
-    rec = active()
-    if rec is not None:
-        rec.untraceable(reason)
-
-
-def note_grad(t, value, write: bool) -> None:
-    """Record a read (or write) of `t.grad` while a call is traced."""
-    rec = active()
-    if rec is not None:
-        rec.note_grad(t, value, write)
-
-
-def note_value(t, kind: str, value) -> None:
-    """Record a guard on a value read from `t` (if a trace is being recorded)."""
-    rec = active()
-    if rec is not None:
-        rec.guard(t, kind, value)
+    """The innermost TraceRecorder, or None."""
+    return STATE.tracer

@@ -3,6 +3,10 @@
 import argparse
 import sys
 
+import numpy
+
+import hybridnet
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -16,9 +20,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _info() -> str:
-    import numpy
-
-    import hybridnet
     lines = [f"hybridnet {hybridnet.__version__}", f"numpy {numpy.__version__}"]
     for name in ("numba", "llvmlite", "networkx", "scipy"):
         try:

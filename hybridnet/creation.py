@@ -5,8 +5,10 @@ import numpy as np
 from compiler import dtypes as cd
 
 from . import dtypes as hd
-from ._state import STATE
-from .tensor import Tensor
+from ._state import STATE, note_untraceable
+from .dispatch import cast
+from .shape import clone
+from .tensor import Tensor, as_array, literal, wrap
 
 _rng = np.random.default_rng()
 
@@ -14,65 +16,31 @@ _rng = np.random.default_rng()
 def manual_seed(seed: int):
     """Seed every random draw in hybridnet (factories, init, dropout)."""
     global _rng
-    if STATE.recorders:
-        from .capture import note_untraceable
-        note_untraceable("hn.manual_seed() inside a traced function")
+    note_untraceable("hn.manual_seed() inside a traced function")
     _rng = np.random.default_rng(int(seed))
     return _rng
 
 
 def generator() -> np.random.Generator:
     """The global NumPy generator behind hybridnet's random draws."""
-    if STATE.recorders:
-        from .capture import note_untraceable
+    if STATE.tracer is not None:
         note_untraceable("random numbers are drawn (rand/randn/dropout...); the JIT cannot "
                          "replay them yet")
     return _rng
 
 
 def _finish(arr, requires_grad) -> Tensor:
-    if STATE.recorders:
-        from .capture import literal
-        t = literal(arr)
-    else:
-        t = Tensor._wrap(arr)
+    t = literal(arr)
     if requires_grad:
         t.requires_grad_(True)
     return t
-
-
-def _infer_np(data, dtype=None) -> np.ndarray:
-    if dtype is not None and not isinstance(data, Tensor):
-        try:
-            return np.array(data, dtype=hd.to_np(dtype))
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"tensor: cannot build a {dtype} tensor from "
-                            f"{type(data).__name__}: {exc}") from None
-    if isinstance(data, Tensor):
-        return data._data.copy()
-    if isinstance(data, (np.ndarray, np.generic)):
-        arr = np.array(data, copy=True)
-        if arr.dtype not in hd.BY_NP:
-            raise TypeError(f"tensor: NumPy dtype {arr.dtype} is not supported; use one of "
-                            f"{', '.join(repr(d) for d in hd.BY_NP.values())}")
-        return arr
-    arr = np.array(data)
-    kind = arr.dtype.kind
-    if kind == "f":
-        return arr.astype(cd.DEFAULT_FLOAT)
-    if kind in "iu":
-        return arr.astype(cd.int64)
-    if kind == "b":
-        return arr
-    raise TypeError(f"tensor: cannot build a tensor from {type(data).__name__} "
-                    f"(NumPy sees dtype {arr.dtype}); pass numbers, nested lists or arrays")
 
 
 def tensor(data, dtype=None, requires_grad=False) -> Tensor:
     """A new tensor (copying `data`): floats give float32, ints int64, bools bool."""
     if isinstance(data, Tensor) and STATE.recorders:
         return _recorded_copy(data, dtype, requires_grad)
-    arr = _infer_np(data, dtype)
+    arr = as_array(data, dtype)
     if dtype is not None:
         arr = arr.astype(hd.to_np(dtype), copy=False)
     return _finish(arr, requires_grad)
@@ -81,8 +49,6 @@ def tensor(data, dtype=None, requires_grad=False) -> Tensor:
 def _recorded_copy(data, dtype, requires_grad) -> Tensor:
     """hn.tensor(t) while recording: a copy made by recorded ops, so a traced call reads
     the tensor afresh instead of baking its values in."""
-    from .dispatch import cast
-    from .shape import clone
     t = clone(data.detach())
     if dtype is not None:
         t = cast(t, hd.to_np(dtype))
@@ -96,7 +62,7 @@ def from_numpy(a: np.ndarray) -> Tensor:
     if not isinstance(a, np.ndarray):
         raise TypeError(f"from_numpy: expected an ndarray, got {type(a).__name__}")
     hd.to_np(a.dtype)
-    return Tensor._wrap(a)
+    return wrap(a)
 
 
 def _shape(size) -> tuple:

@@ -1,11 +1,14 @@
 """Eager dispatch: run a primitive with NumPy and, when needed, record it on the tape.
 
-`apply(name, inputs, attrs)` is the single entry point every tensor op goes
-through. It computes the result with the registry's impl, then appends a
-`TapeNode` when autograd needs it (grad mode on and an input requires grad) or
-inside `hn.record()`. Tensors that need neither carry no history.
+`run(opdef, inputs, arrays, attrs)` is the one path every tensor op takes: it
+computes the result with the registry's impl, builds the tensor with the one
+constructor (`tensor.make`), and appends a `TapeNode` when autograd needs it (grad
+mode on and an input requires grad) or inside `hn.record()`. Tensors that need
+neither carry no history. `apply`, `unary` and `binary` only prepare its arguments
+(the arrays, and the dtype promotion of PyTorch's rules).
 """
 
+import functools
 import weakref
 
 import numpy as np
@@ -16,8 +19,9 @@ from compiler.ir import Node
 from compiler.ops import REGISTRY, Trait
 
 from ._state import STATE
+from .tensor import Tensor, as_array, literal, make, version_counter, wrap
 
-_EMPTY = {}
+NO_ATTRS = {}
 _SCALARS = (int, float, bool)
 
 
@@ -42,8 +46,6 @@ class TapeNode(Node):
 # `ref` of a no-grad node whose recording ended: its tensor is a leaf for new ops.
 CLOSED = object()
 
-Tensor = None  # set by hybridnet.tensor once the class exists (avoids an import cycle)
-_new = object.__new__
 
 
 def _explain(opdef, arrays, attrs, exc):
@@ -54,58 +56,37 @@ def _explain(opdef, arrays, attrs, exc):
     return OpError(f"{opdef.name}: {exc} (inputs {describe(shapes, dtypes)}{detail})")
 
 
-def apply(name: str, inputs, attrs=_EMPTY):
-    """Run primitive `name` on tensors (or dtype-matched NumPy scalars) eagerly."""
-    opdef = REGISTRY[name]
-    T = Tensor
-    arrays = [x._data if isinstance(x, T) else x for x in inputs]
+def run(opdef, inputs, arrays, attrs, rg):
+    """The one eager path: `opdef` on `inputs` (tensors, or scalars typed as the op's
+    dtype; a Python float only beside a float tensor), whose arrays are `arrays`;
+    `rg`: does an input require grad? The op is recorded inside `hn.record()`, or
+    when grad mode is on, the op is differentiable and `rg` holds."""
     try:
-        out = opdef.impl(*arrays, **attrs)
+        out = opdef.impl(*arrays, **attrs) if attrs else opdef.impl(*arrays)
         if out.__class__ is not np.ndarray:
             out = np.asarray(out)
     except (ValueError, TypeError, IndexError, OverflowError) as exc:
         raise _explain(opdef, arrays, attrs, exc) from exc
-    res = _new(T)
-    res._data, res._rg, res._grad, res._node, res._vc = out, False, None, None, None
-    needs = False
-    if STATE.grad and opdef.vjp is not None:
-        for x in inputs:
-            if isinstance(x, T) and x._rg:
-                needs = True
-                break
-    if needs or STATE.recorders:
-        record(opdef, inputs, attrs, res, needs)
+    res = make(out)
+    if STATE.recorders or (rg and STATE.grad and opdef.vjp is not None):
+        record(opdef, inputs, attrs, res, rg and STATE.grad and opdef.vjp is not None)
     return res
 
 
-def _fast(opdef, a, b, da, db):
-    """apply() for two same-dtype tensors (or a tensor and a weak Python scalar)."""
-    try:
-        out = opdef.impl(da, db)
-        if out.__class__ is not np.ndarray:
-            out = np.asarray(out)
-    except (ValueError, TypeError, IndexError, OverflowError) as exc:
-        raise _explain(opdef, [da, db], _EMPTY, exc) from exc
-    res = _new(Tensor)
-    res._data, res._rg, res._grad, res._node, res._vc = out, False, None, None, None
-    if STATE.recorders or (STATE.grad and (a._rg or (isinstance(b, Tensor) and b._rg))
-                           and opdef.vjp is not None):
-        if not isinstance(b, Tensor):
-            b = da.dtype.type(b)
-        record(opdef, (a, b), _EMPTY, res, STATE.grad and opdef.vjp is not None and (
-            a._rg or (isinstance(b, Tensor) and b._rg)))
-    return res
+def apply(name: str, inputs, attrs=NO_ATTRS):
+    """Run primitive `name` on tensors (or dtype-matched NumPy scalars) eagerly."""
+    rg = False
+    arrays = []
+    for x in inputs:
+        if isinstance(x, Tensor):
+            arrays.append(x._data)
+            rg = rg or x._rg
+        else:
+            arrays.append(x)
+    return run(REGISTRY[name], inputs, arrays, attrs, rg)
 
 
 # ---- recording --------------------------------------------------------------------------
-
-
-def version_counter(t) -> list:
-    """The tensor's shared version counter, created on first use."""
-    vc = t._vc
-    if vc is None:
-        vc = t._vc = [0]
-    return vc
 
 
 def node_of(x):
@@ -129,11 +110,19 @@ def node_of(x):
     return node
 
 
+def _typed(x, inputs):
+    """A Python float operand (weak, as in PyTorch) typed as the float tensor beside it."""
+    like = next((t for t in inputs if isinstance(t, Tensor) and t._data.dtype.kind == "f"),
+                None)
+    return x if like is None else like._data.dtype.type(x)
+
+
 def record(opdef, inputs, attrs, res, requires_grad):
     """Append a node for `res = opdef(*inputs)` and attach it to `res`."""
     T = Tensor
-    node = TapeNode(opdef.name, tuple(node_of(x) for x in inputs), attrs, res._data.shape,
-                    res._data.dtype, requires_grad)
+    node = TapeNode(opdef.name, tuple(node_of(_typed(x, inputs) if x.__class__ is float else x)
+                                      for x in inputs), attrs,
+                    res._data.shape, res._data.dtype, requires_grad)
     node.value, node.ref = res._data, None
     saved = []
     if "in" in opdef.saves:
@@ -172,8 +161,7 @@ def as_operand(x, name: str):
     if isinstance(x, _SCALARS):
         return x
     if isinstance(x, np.ndarray):
-        from .creation import tensor
-        return tensor(x)
+        return literal(as_array(x))
     raise TypeError(f"{name}: unsupported operand type {type(x).__name__}; "
                     f"expected a hybridnet Tensor or a Python number")
 
@@ -203,38 +191,59 @@ def promote(name: str, operands):
     return out
 
 
-def binary(name: str, a, b):
-    """A broadcasting binary op on tensors and/or Python scalars, with promotion."""
+@functools.cache
+def binary_op(name: str):
+    """The entry point of broadcasting binary op `name`: `op(a, b)` on tensors and/or
+    Python scalars, with PyTorch's promotion. Tensors of one dtype, or a float tensor
+    and a Python float (weak, as in PyTorch), go straight to `run`."""
     opdef = REGISTRY[name]
-    if isinstance(a, Tensor):
-        da = a._data
-        kind = da.dtype.kind
-        if isinstance(b, Tensor):
-            db = b._data
-            if db.dtype is da.dtype and (kind == "f" or Trait.FLOAT_ONLY not in opdef.traits):
-                return _fast(opdef, a, b, da, db)
-        elif type(b) is float and kind == "f":
-            return _fast(opdef, a, b, da, b)
-    a, b = as_operand(a, name), as_operand(b, name)
-    return apply(name, promote(name, (a, b)))
+    float_only = opdef.has(Trait.FLOAT_ONLY)
+
+    def op(a, b):
+        if isinstance(a, Tensor):
+            da = a._data
+            if isinstance(b, Tensor):
+                db = b._data
+                dt = da.dtype
+                if db.dtype is dt and (not float_only or dt.kind == "f"):
+                    return run(opdef, (a, b), (da, db), NO_ATTRS, a._rg or b._rg)
+            elif b.__class__ is float and da.dtype.kind == "f":
+                return run(opdef, (a, b), (da, b), NO_ATTRS, a._rg)
+        a, b = as_operand(a, name), as_operand(b, name)
+        return apply(name, promote(name, (a, b)))
+    return _named(op, name, opdef)
+
+
+@functools.cache
+def unary_op(name: str):
+    """The entry point of unary elementwise op `name`: `op(x)`; a float-only op
+    promotes integer and bool inputs to float32."""
+    opdef = REGISTRY[name]
+    if opdef.has(Trait.FLOAT_ONLY):
+        def op(input):
+            if input._data.dtype.kind != "f":
+                input = cast(input, cd.DEFAULT_FLOAT)
+            return run(opdef, (input,), (input._data,), NO_ATTRS, input._rg)
+    else:
+        def op(input):
+            return run(opdef, (input,), (input._data,), NO_ATTRS, input._rg)
+    return _named(op, name, opdef)
+
+
+def _named(op, name, opdef):
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = opdef.doc or f"The `{name}` primitive."
+    return op
+
+
+def binary(name: str, a, b):
+    """Binary op `name` on `a` and `b` (see `binary_op`)."""
+    return binary_op(name)(a, b)
 
 
 def unary(name: str, x):
-    """A unary elementwise op; float-only ops promote integer inputs to float32."""
-    opdef = REGISTRY[name]
-    if x._data.dtype.kind != "f" and Trait.FLOAT_ONLY in opdef.traits:
-        x = cast(x, cd.DEFAULT_FLOAT)
-    try:
-        out = opdef.impl(x._data)
-        if out.__class__ is not np.ndarray:
-            out = np.asarray(out)
-    except (ValueError, TypeError) as exc:
-        raise _explain(opdef, [x._data], _EMPTY, exc) from exc
-    res = _new(Tensor)
-    res._data, res._rg, res._grad, res._node, res._vc = out, False, None, None, None
-    if STATE.recorders or (STATE.grad and x._rg and opdef.vjp is not None):
-        record(opdef, (x,), _EMPTY, res, STATE.grad and x._rg and opdef.vjp is not None)
-    return res
+    """Unary op `name` on `x` (see `unary_op`)."""
+    return unary_op(name)(x)
 
 
 class EagerEmitter:
@@ -251,7 +260,7 @@ class EagerEmitter:
 
     def const(self, value, like):
         """A 0-d constant with `like`'s dtype."""
-        return Tensor._wrap(np.asarray(value, dtype=like._data.dtype))
+        return wrap(np.asarray(value, dtype=like._data.dtype))
 
     def dtype(self, v) -> np.dtype:
         """The NumPy dtype of a value."""

@@ -14,70 +14,43 @@ from compiler import dtypes as cd
 from compiler.errors import DTypeError, ShapeError
 from compiler.ops import REGISTRY
 
-from .dispatch import _fast, apply, as_operand, binary, cast, promote, unary
-from .tensor import Tensor
+from .dispatch import NO_ATTRS, apply, as_operand, binary_op, cast, promote, run, unary_op
+from .dtypes import to_np
+from .shape import squeeze
+from .tensor import Tensor, literal
 
 # ---- elementwise ---------------------------------------------------------------------
 
 
-def exp(input):
-    """e ** input."""
-    return unary("exp", input)
+def _doc(op, doc: str):
+    """A dispatch entry point (`unary_op`/`binary_op`) published with its user docs."""
+    op.__doc__ = doc
+    return op
 
 
-def log(input):
-    """Natural logarithm; log(0) = -inf."""
-    return unary("log", input)
-
-
-def sqrt(input):
-    """Square root."""
-    return unary("sqrt", input)
+exp = _doc(unary_op("exp"), "e ** input.")
+log = _doc(unary_op("log"), "Natural logarithm; log(0) = -inf.")
+sqrt = _doc(unary_op("sqrt"), "Square root.")
+sin = _doc(unary_op("sin"), "Sine.")
+cos = _doc(unary_op("cos"), "Cosine.")
+tanh = _doc(unary_op("tanh"), "Hyperbolic tangent.")
+sigmoid = _doc(unary_op("sigmoid"), "Logistic sigmoid, computed without overflow.")
+erf = _doc(unary_op("erf"), "Gauss error function.")
+abs = _doc(unary_op("abs"), "Absolute value.")  # noqa: A001  (PyTorch's name)
+neg = _doc(unary_op("neg"), "-input.")
+sign = _doc(unary_op("sign"), "-1, 0 or 1 (gradient zero).")
+pow = _doc(binary_op("pow"), "input ** exponent (tensors or scalars).")  # noqa: A001
+mul = _doc(binary_op("mul"), "input * other.")
+div = _doc(binary_op("div"), "input / other (true division).")
+maximum = _doc(binary_op("maximum"),
+               "Elementwise max; on ties the gradient is split evenly, as in PyTorch.")
+minimum = _doc(binary_op("minimum"), "Elementwise min.")
+_add, _sub = binary_op("add"), binary_op("sub")
 
 
 def rsqrt(input):
     """1 / sqrt(input)."""
-    return 1.0 / unary("sqrt", input)
-
-
-def sin(input):
-    """Sine."""
-    return unary("sin", input)
-
-
-def cos(input):
-    """Cosine."""
-    return unary("cos", input)
-
-
-def tanh(input):
-    """Hyperbolic tangent."""
-    return unary("tanh", input)
-
-
-def sigmoid(input):
-    """Logistic sigmoid, computed without overflow."""
-    return unary("sigmoid", input)
-
-
-def erf(input):
-    """Gauss error function."""
-    return unary("erf", input)
-
-
-def abs(input):  # noqa: A001  (PyTorch's name)
-    """Absolute value."""
-    return unary("abs", input)
-
-
-def neg(input):
-    """-input."""
-    return unary("neg", input)
-
-
-def sign(input):
-    """-1, 0 or 1 (gradient zero)."""
-    return unary("sign", input)
+    return 1.0 / sqrt(input)
 
 
 def square(input):
@@ -90,39 +63,14 @@ def reciprocal(input):
     return 1.0 / input
 
 
-def pow(input, exponent):  # noqa: A001
-    """input ** exponent (tensors or scalars)."""
-    return binary("pow", input, exponent)
-
-
 def add(input, other, *, alpha=1):
     """input + alpha * other."""
-    return binary("add", input, other if alpha == 1 else other * alpha)
+    return _add(input, other if alpha == 1 else other * alpha)
 
 
 def sub(input, other, *, alpha=1):
     """input - alpha * other."""
-    return binary("sub", input, other if alpha == 1 else other * alpha)
-
-
-def mul(input, other):
-    """input * other."""
-    return binary("mul", input, other)
-
-
-def div(input, other):
-    """input / other (true division)."""
-    return binary("div", input, other)
-
-
-def maximum(input, other):
-    """Elementwise max; on ties the gradient is split evenly, as in PyTorch."""
-    return binary("maximum", input, other)
-
-
-def minimum(input, other):
-    """Elementwise min."""
-    return binary("minimum", input, other)
+    return _sub(input, other if alpha == 1 else other * alpha)
 
 
 def where(condition, input, other):
@@ -132,10 +80,30 @@ def where(condition, input, other):
         raise DTypeError(f"where: condition must be a bool tensor, got {_desc(cond)}")
     a, b = as_operand(input, "where"), as_operand(other, "where")
     if not isinstance(a, Tensor) and not isinstance(b, Tensor):
-        from .capture import literal
         a = literal(np.asarray(a, dtype=cd.scalar_dtype(a)))  # two scalars, as PyTorch
     a, b = promote("where", (a, b))
     return apply("where", (cond, a, b))
+
+
+def bitwise_and(input, other):
+    """input & other, for bool tensors (recorded as `where`, like every other op)."""
+    a, b = _bool_operands("&", input, other)
+    return apply("where", (a, b, np.bool_(False)))
+
+
+def bitwise_or(input, other):
+    """input | other, for bool tensors."""
+    a, b = _bool_operands("|", input, other)
+    return apply("where", (a, np.bool_(True), b))
+
+
+def _bool_operands(symbol, a, b):
+    if not isinstance(b, Tensor):
+        b = literal(np.asarray(b))
+    if a._data.dtype.kind != "b" or b._data.dtype.kind != "b":
+        raise TypeError(f"{symbol} is only defined for bool tensors, got "
+                        f"{a.dtype}{list(a.shape)} and {b.dtype}{list(b.shape)}")
+    return a, b
 
 
 def clamp(input, min=None, max=None):  # noqa: A002
@@ -206,7 +174,6 @@ def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001
     """Sum over dim (all dims by default); bool and int32 inputs sum as int64."""
     x = input
     if dtype is not None:
-        from .dtypes import to_np
         x = cast(x, to_np(dtype))
     elif x._data.dtype.kind in "bi" and x._data.dtype != cd.int64:
         x = cast(x, cd.int64)
@@ -299,7 +266,7 @@ def _select_reduce(name, input, dim, keepdim, other):
     else:
         values = apply(name, (input,), {"dims": (), "keepdim": False})  # a new tensor, not input
     if not keepdim and input.ndim:
-        idx = idx.squeeze(d)
+        idx = squeeze(idx, d)
     return MaxResult((values, idx))
 
 
@@ -317,7 +284,6 @@ def arange_like(t, dim) -> Tensor:
     """int64 positions along `dim`, shaped to broadcast against t."""
     shape = [1] * t.ndim
     shape[dim] = t.shape[dim]
-    from .capture import literal
     return literal(np.arange(t.shape[dim], dtype=np.int64).reshape(shape))
 
 
@@ -357,7 +323,6 @@ def softmax(input, dim=None, dtype=None):
 def _shift(x, dims):
     """The detached max over dims (keepdim), or 0 when a reduced dim has size 0."""
     if _count(x, dims) == 0:
-        from .capture import literal
         return literal(np.zeros((), x._data.dtype))
     return amax(x.detach(), dims, keepdim=True)
 
@@ -375,7 +340,6 @@ def _softmax_input(op, input, dim, dtype):
     if dim is None:
         raise TypeError(f"{op}: pass dim= explicitly (implicit dim is deprecated in PyTorch)")
     if dtype is not None:
-        from .dtypes import to_np
         return cast(input, to_np(dtype))
     return input if input._data.dtype.kind == "f" else cast(input, cd.DEFAULT_FLOAT)
 
@@ -399,7 +363,7 @@ def matmul(input, other):
     if isinstance(input, Tensor) and isinstance(other, Tensor):
         da, db = input._data, other._data
         if da.ndim >= 2 and db.ndim >= 2 and da.dtype is db.dtype and da.dtype.kind != "b":
-            return _fast(_MATMUL, input, other, da, db)
+            return run(_MATMUL, (input, other), (da, db), NO_ATTRS, input._rg or other._rg)
     a, b = as_operand(input, "matmul"), as_operand(other, "matmul")
     if not isinstance(a, Tensor) or not isinstance(b, Tensor) or not a.ndim or not b.ndim:
         raise ShapeError(f"matmul: both arguments need at least 1 dim, got {_desc(a)} "

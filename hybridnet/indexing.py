@@ -10,10 +10,10 @@ import numpy as np
 
 from compiler.errors import ShapeError
 
-from ._state import STATE
-from .dispatch import apply, version_counter
+from ._state import STATE, TraceHooks, note_untraceable
+from .dispatch import apply
 from .shape import _view, permute
-from .tensor import Tensor
+from .tensor import Tensor, literal, version_counter, wrap
 
 
 def _as_index_array(x):
@@ -154,19 +154,18 @@ def _index_tensor(linear, index) -> Tensor:
     """The gather index; a trace constant when the JIT records and every index tensor is
     fixed by the code (lists, arrays, tensors built from literals), else a value the JIT
     cannot see (the traced call then runs eagerly)."""
-    from .capture import active, literal
-    rec = active()
+    tracer = STATE.tracer
     items = index if isinstance(index, tuple) else (index,)
-    if rec is not None and all(_fixed_index(rec, i) for i in items):
+    if tracer is not None and all(_fixed_index(tracer, i) for i in items):
         return literal(linear)
-    return Tensor._wrap(linear)
+    return wrap(linear)
 
 
-def _fixed_index(rec, item) -> bool:
+def _fixed_index(tracer, item) -> bool:
     if not isinstance(item, Tensor) or (item.ndim == 0 and item._data.dtype.kind in "iu"):
         return True  # Python values, or an integer read with .item() (a value guard)
     node = item._node
-    return id(item) in rec.literals and (node is None or node.op == "input")
+    return tracer.is_literal(item) and (node is None or node.op == "input")
 
 
 def _np_index(index):
@@ -186,8 +185,7 @@ def setitem(t, index, value) -> None:
             "supported; do the assignment under `with hn.no_grad():` or build the result "
             "with hn.where / hn.cat")
     if STATE.recorders:
-        from .capture import TraceRecorder, note_untraceable
-        if not all(isinstance(r, TraceRecorder) for r in STATE.recorders):
+        if not all(isinstance(r, TraceHooks) for r in STATE.recorders):
             raise RuntimeError("setitem inside hn.record() cannot be recorded; build the "
                                "result with hn.where or hn.cat instead")
         note_untraceable("t[index] = value (setitem) cannot be recorded; build the result "

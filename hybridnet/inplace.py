@@ -14,8 +14,10 @@ from compiler.errors import DTypeError, ShapeError
 from compiler.ops import Trait
 
 from ._state import STATE
-from .dispatch import binary, version_counter
-from .tensor import Tensor
+from .dispatch import binary, cast
+from .functional import clamp, where
+from .shape import clone, expand
+from .tensor import Tensor, literal, version_counter
 
 _UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide}
 
@@ -51,14 +53,12 @@ def _needs_recording(t, other) -> bool:
 
 def snapshot(t) -> Tensor:
     """A recorded copy of t, so a recorded in-place op never saves the buffer it overwrites."""
-    from .shape import clone
     return clone(t)
 
 
 def write_result(t, res: Tensor, name: str) -> Tensor:
     """Store a recorded out-of-place result into `t` and rebind t to its node."""
     _check_result(t, name, res.shape, res._data.dtype)
-    from .dispatch import cast
     res = cast(res, t._data.dtype)
     np.copyto(t._data, res._data)
     version_counter(t)[0] += 1
@@ -130,8 +130,6 @@ def fill_(self, value):
 
 def _overwrite(t, value):
     """`value` in t's place; where(all-true, value, t) keeps t in the graph with zero gradient."""
-    from .capture import literal
-    from .functional import where
     return where(literal(np.ones(t.shape, bool)), value, snapshot(t))
 
 
@@ -144,11 +142,8 @@ def copy_(self, src):
     """Copy `src` (broadcast to self's shape, cast to self's dtype) into self."""
     _check_leaf(self, "copy_")
     if not isinstance(src, Tensor):
-        from .capture import literal
         src = literal(np.asarray(src))
     if _needs_recording(self, src):
-        from .dispatch import cast
-        from .shape import expand
         return write_result(self, _overwrite(self, cast(expand(src, *self.shape),
                                                         self._data.dtype)), "copy_")
     try:
@@ -163,7 +158,6 @@ def copy_(self, src):
 def clamp_(self, min=None, max=None):  # noqa: A002
     """Clamp into [min, max], in place."""
     _check_leaf(self, "clamp_")
-    from .functional import clamp
     if _needs_recording(self, None):
         return write_result(self, clamp(snapshot(self), min, max), "clamp_")
     np.clip(self._data, min, max, out=self._data)

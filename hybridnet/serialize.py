@@ -14,7 +14,7 @@ import zipfile
 
 import numpy as np
 
-from .tensor import Tensor
+from .tensor import Tensor, wrap
 
 _META = "__hybridnet__"
 _FORMAT = 1
@@ -100,7 +100,7 @@ def _decode(node, arrays, path):
         key = node.get("k")
         if key not in arrays:
             raise SerializationError(f"{path}: missing array {key!r}")
-        return Tensor._wrap(arrays[key])
+        return wrap(arrays[key])
     if kind == "dict":
         return {k: _decode(v, arrays, path) for k, v in node["items"]}
     if kind in ("list", "tuple"):
@@ -138,7 +138,7 @@ def load_state(path):
     arrays = _read_arrays(path)
     raw = arrays.pop(_META, None)
     if raw is None:
-        return {name: Tensor._wrap(arr) for name, arr in arrays.items()}
+        return {name: wrap(arr) for name, arr in arrays.items()}
     try:
         meta = json.loads(raw.astype(np.uint8).tobytes().decode())
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:

@@ -6,8 +6,10 @@ import numpy as np
 
 from compiler.errors import ShapeError
 
-from .dispatch import apply, promote, version_counter
-from .tensor import Tensor
+from ._state import STATE
+from .dispatch import apply, cast, promote
+from .dtypes import to_np
+from .tensor import Tensor, make, version_counter
 
 
 def _shape_args(shape) -> tuple:
@@ -202,6 +204,14 @@ def chunk(input, chunks, dim=0):
 
 def to(input, dtype):
     """Convert to `dtype` (returns self when it already has it)."""
-    from .dispatch import cast
-    from .dtypes import to_np
     return cast(input, to_np(dtype))
+
+
+def detach(input):
+    """The same values with no history (shares memory and version counter)."""
+    if STATE.recorders:  # keep the dataflow visible to recording and tracing
+        t = apply("detach", (input,))
+    else:
+        t = make(input._data)
+    t._vc = version_counter(input)
+    return t

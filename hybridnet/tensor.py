@@ -1,14 +1,19 @@
-"""The eager `Tensor`: a NumPy array plus autograd state and a link to its tape node.
+"""The eager `Tensor` type, at the bottom of the user layer: a NumPy array plus
+autograd state and a link to its tape node.
 
-Operators and core methods live here; the math (exp, softmax, reductions, shape
-ops...) is in `hybridnet.functional` and bound as methods in `hybridnet._methods`.
+This module holds the type itself (attributes, conversions, autograd flags) and the
+one constructor, `make`, that every tensor is built with. It imports nothing above
+`_state`: operators and math methods (`t + u`, `t.exp()`, `t[i]`, `t.backward()`)
+are bound onto the type by `hybridnet._methods` once the op modules exist, and a
+trace being recorded hears about reads through `STATE.tracer` (the hook table).
 """
 
 import numpy as np
 
+from compiler import dtypes as cd
+
 from . import dtypes as hd
-from ._state import STATE
-from .dispatch import binary, unary
+from ._state import STATE, note_untraceable, note_value
 
 
 class Tensor:
@@ -23,21 +28,6 @@ class Tensor:
 
     __slots__ = ("_data", "_rg", "_grad", "_node", "_vc", "__weakref__")
     __array_ufunc__ = None  # make NumPy defer to our reflected operators
-
-    def __init__(self, data, dtype=None, requires_grad=False):
-        from .creation import tensor
-        t = tensor(data, dtype=dtype, requires_grad=requires_grad)
-        self._data, self._rg, self._grad, self._node, self._vc = t._data, t._rg, None, None, None
-
-    @classmethod
-    def _wrap(cls, data, requires_grad=False, node=None):
-        t = object.__new__(cls)
-        t._data = data if data.__class__ is np.ndarray else _as_array(data)
-        t._rg = requires_grad
-        t._grad = None
-        t._node = node
-        t._vc = None
-        return t
 
     # ---- attributes -------------------------------------------------------------------
 
@@ -72,16 +62,16 @@ class Tensor:
     def grad(self):
         """The accumulated gradient (a Tensor) or None."""
         g = self._grad
-        if STATE.recorders:
-            _note_grad(self, g, False)
+        if STATE.tracer is not None:
+            STATE.tracer.note_grad(self, g, False)
         return g
 
     @grad.setter
     def grad(self, value):
         if value is not None and not isinstance(value, Tensor):
             raise TypeError(f"assigned grad must be a Tensor or None, got {type(value).__name__}")
-        if STATE.recorders:
-            _note_grad(self, value, True)
+        if STATE.tracer is not None:
+            STATE.tracer.note_grad(self, value, True)
         self._grad = value
 
     @property
@@ -107,7 +97,7 @@ class Tensor:
             raise RuntimeError("requires_grad can only be turned off on leaf tensors; "
                                "use .detach() for a non-leaf")
         if STATE.recorders:
-            _note_untraceable("the call changes requires_grad of a tensor")
+            note_untraceable("the call changes requires_grad of a tensor")
         self._rg = bool(requires_grad)
         if self._node is not None and self._node.op == "input":
             self._node.requires_grad = self._rg
@@ -160,13 +150,13 @@ class Tensor:
                              f"(shape {list(self.shape)}) cannot be converted to a scalar")
         value = self._data.item()
         if STATE.recorders:
-            _note_value(self, "item", value)
+            note_value(self, "item", value)
         return value
 
     def tolist(self):
         """Nested Python lists (a number for a 0-d tensor)."""
         if STATE.recorders:
-            _note_untraceable("t.tolist() reads every value into Python")
+            note_untraceable("t.tolist() reads every value into Python")
         return self._data.tolist()
 
     def numpy(self) -> np.ndarray:
@@ -175,7 +165,7 @@ class Tensor:
             raise RuntimeError("Can't call numpy() on a Tensor that requires grad. "
                                "Use tensor.detach().numpy() instead.")
         if STATE.recorders:
-            _note_untraceable("t.numpy() / np.asarray(t) hands the data to NumPy")
+            note_untraceable("t.numpy() / np.asarray(t) hands the data to NumPy")
         return self._data
 
     def __array__(self, dtype=None, copy=None):
@@ -190,7 +180,7 @@ class Tensor:
                                f"(shape {list(self.shape)}) is ambiguous")
         value = bool(self._data)
         if STATE.recorders:
-            _note_value(self, "bool", value)
+            note_value(self, "bool", value)
         return value
 
     def __float__(self) -> float:
@@ -204,16 +194,6 @@ class Tensor:
             raise TypeError("only integer tensors of a single element can be used as an index")
         return int(self.item())
 
-    def detach(self) -> "Tensor":
-        """The same values with no history (shares memory and version counter)."""
-        from .dispatch import apply, version_counter
-        if STATE.recorders:  # keep the dataflow visible to recording and tracing
-            t = apply("detach", (self,))
-        else:
-            t = Tensor._wrap(self._data)
-        t._vc = version_counter(self)
-        return t
-
     def __repr__(self) -> str:
         body = np.array2string(self._data, separator=", ", precision=4, prefix="tensor(")
         extra = [f"dtype={self.dtype}"]
@@ -223,108 +203,46 @@ class Tensor:
             extra.append("requires_grad=True")
         return f"tensor({body}, {', '.join(extra)})"
 
-    # ---- operators --------------------------------------------------------------------
 
-    def __add__(self, other):
-        return binary("add", self, other)
+_new = object.__new__
 
-    def __radd__(self, other):
-        return binary("add", self, other)  # commutative: keeps the fast path
 
-    def __sub__(self, other):
-        return binary("sub", self, other)
+def make(data: np.ndarray, requires_grad: bool = False, node=None) -> Tensor:
+    """The one tensor constructor: a Tensor around ndarray `data` (not copied)."""
+    t = _new(Tensor)
+    t._data = data
+    t._rg = requires_grad
+    t._grad = None
+    t._node = node
+    t._vc = None
+    return t
 
-    def __rsub__(self, other):
-        return binary("sub", other, self)
 
-    def __mul__(self, other):
-        return binary("mul", self, other)
+def wrap(data) -> Tensor:
+    """A tensor around an array computed outside the op set (a leaf, no history).
 
-    def __rmul__(self, other):
-        return binary("mul", self, other)  # commutative: keeps the fast path
+    While a call is traced the trace hears of it (`note_created`): a value it cannot
+    replay unless it is a literal."""
+    t = make(data if data.__class__ is np.ndarray else _as_array(data))
+    if STATE.tracer is not None:
+        STATE.tracer.note_created(t)
+    return t
 
-    def __truediv__(self, other):
-        return binary("div", self, other)
 
-    def __rtruediv__(self, other):
-        return binary("div", other, self)
+def literal(data) -> Tensor:
+    """A tensor holding a constant built from literals (safe to bake into a trace)."""
+    t = make(data if data.__class__ is np.ndarray else _as_array(data))
+    if STATE.tracer is not None:
+        STATE.tracer.note_literal(t)
+    return t
 
-    def __pow__(self, other):
-        return binary("pow", self, other)
 
-    def __rpow__(self, other):
-        return binary("pow", other, self)
-
-    def __matmul__(self, other):
-        from .functional import matmul
-        return matmul(self, other)
-
-    def __rmatmul__(self, other):
-        from .functional import matmul
-        return matmul(other, self)
-
-    def __neg__(self):
-        return unary("neg", self)
-
-    def __pos__(self):
-        return self
-
-    def __abs__(self):
-        return unary("abs", self)
-
-    def __lt__(self, other):
-        return binary("lt", self, other)
-
-    def __le__(self, other):
-        return binary("le", self, other)
-
-    def __gt__(self, other):
-        return binary("gt", self, other)
-
-    def __ge__(self, other):
-        return binary("ge", self, other)
-
-    def __eq__(self, other):
-        if not isinstance(other, (Tensor, int, float, bool, np.generic, np.ndarray)):
-            return NotImplemented
-        return binary("eq", self, other)
-
-    def __ne__(self, other):
-        if not isinstance(other, (Tensor, int, float, bool, np.generic, np.ndarray)):
-            return NotImplemented
-        return binary("ne", self, other)
-
-    def __invert__(self):
-        if self._data.dtype.kind != "b":
-            raise TypeError(f"~ is only defined for bool tensors, got {self.dtype}")
-        return binary("eq", self, False)
-
-    def __and__(self, other):
-        return _logical(self, other, "&")
-
-    def __or__(self, other):
-        return _logical(self, other, "|")
-
-    # in-place operators
-    def __iadd__(self, other):
-        return self.add_(other)
-
-    def __isub__(self, other):
-        return self.sub_(other)
-
-    def __imul__(self, other):
-        return self.mul_(other)
-
-    def __itruediv__(self, other):
-        return self.div_(other)
-
-    def __getitem__(self, index):
-        from .indexing import getitem
-        return getitem(self, index)
-
-    def __setitem__(self, index, value):
-        from .indexing import setitem
-        setitem(self, index, value)
+def version_counter(t) -> list:
+    """The tensor's shared version counter, created on first use."""
+    vc = t._vc
+    if vc is None:
+        vc = t._vc = [0]
+    return vc
 
 
 def _as_array(data) -> np.ndarray:
@@ -333,38 +251,32 @@ def _as_array(data) -> np.ndarray:
     return arr if arr.__class__ is np.ndarray else np.array(arr)
 
 
-def _note_grad(t, value, write):
-    from .capture import note_grad
-    note_grad(t, value, write)
+def as_array(data, dtype=None) -> np.ndarray:
+    """A new ndarray from `data` with hybridnet's default dtypes: Python floats give
+    float32, ints int64, bools bool; NumPy input keeps its (supported) dtype."""
+    if dtype is not None and not isinstance(data, Tensor):
+        try:
+            return np.array(data, dtype=hd.to_np(dtype))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"tensor: cannot build a {dtype} tensor from "
+                            f"{type(data).__name__}: {exc}") from None
+    if isinstance(data, Tensor):
+        return data._data.copy()
+    if isinstance(data, (np.ndarray, np.generic)):
+        arr = np.array(data, copy=True)
+        if arr.dtype not in hd.BY_NP:
+            raise TypeError(f"tensor: NumPy dtype {arr.dtype} is not supported; use one of "
+                            f"{', '.join(repr(d) for d in hd.BY_NP.values())}")
+        return arr
+    arr = np.array(data)
+    kind = arr.dtype.kind
+    if kind == "f":
+        return arr.astype(cd.DEFAULT_FLOAT)
+    if kind in "iu":
+        return arr.astype(cd.int64)
+    if kind == "b":
+        return arr
+    raise TypeError(f"tensor: cannot build a tensor from {type(data).__name__} "
+                    f"(NumPy sees dtype {arr.dtype}); pass numbers, nested lists or arrays")
 
 
-def _note_value(t, kind, value):
-    from .capture import note_value
-    note_value(t, kind, value)
-
-
-def _note_untraceable(reason):
-    from .capture import note_untraceable
-    note_untraceable(reason)
-
-
-def _logical(a, b, symbol):
-    """Bool `&`/`|` as `where` (so they are recorded like every other op)."""
-    from .dispatch import apply
-    if not isinstance(b, Tensor):
-        from .capture import literal
-        b = literal(np.asarray(b))
-    if a._data.dtype.kind != "b" or b._data.dtype.kind != "b":
-        raise TypeError(f"{symbol} is only defined for bool tensors, got "
-                        f"{a.dtype}{list(a.shape)} and {b.dtype}{list(b.shape)}")
-    if symbol == "&":
-        return apply("where", (a, b, np.bool_(False)))
-    return apply("where", (a, np.bool_(True), b))
-
-
-def _register_tensor_class():
-    from . import dispatch
-    dispatch.Tensor = Tensor
-
-
-_register_tensor_class()

@@ -13,8 +13,7 @@ import numpy as np
 from compiler.ops import REGISTRY
 from runtime.executor import ALIASED, SIDE_EXIT, STALE, Outcome
 
-from ..dispatch import version_counter
-from ..tensor import Tensor
+from ..tensor import version_counter, wrap
 from .pytree import unflatten
 
 _NUMBER = (int, float)
@@ -76,8 +75,7 @@ class Trace:
         if not (self._simple and self._single and exe.plain and exe.single and
                 not self.tg.version_bumps):
             return None
-        fn, index, stats, wrap = self.result.kernel.fn, self._arg_index, self.stats, \
-            Tensor._wrap
+        fn, index, stats = self.result.kernel.fn, self._arg_index, self.stats
         result = Outcome.RESULT
 
         def run(flat):
@@ -125,7 +123,7 @@ class Trace:
             elif same is not None:
                 owner._grad = leaves[same]
             else:
-                g = Tensor._wrap(
+                g = wrap(
                     np.array(outs[k], copy=True).reshape(self.tg.graph.outputs[k].shape))
                 if version:
                     g._vc = [version]
@@ -139,13 +137,13 @@ class Trace:
         arr = base._data
         for op, attrs in chain:
             arr = REGISTRY[op].impl(arr, **attrs)
-        t = Tensor._wrap(arr)
+        t = wrap(arr)
         if np.may_share_memory(arr, base._data):  # (as hybridnet.shape._view decides)
             t._vc = version_counter(base)
         return t
 
     def _fresh(self, outs, k):
-        t = Tensor._wrap(outs[k])
+        t = wrap(outs[k])
         if self.tg.readonly[k]:  # eager gave a read-only view (expand): so does this
             t._data.flags.writeable = False
         if self.tg.versions[k]:  # made and updated in place inside the call

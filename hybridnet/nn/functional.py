@@ -14,7 +14,7 @@ from ..creation import generator
 from ..dispatch import apply
 from ..functional import gelu, log_softmax, relu, sigmoid, silu, softmax, tanh, where  # noqa: F401
 from ..shape import reshape
-from ..tensor import Tensor
+from ..tensor import literal, wrap
 
 
 def linear(input, weight, bias=None):
@@ -35,7 +35,7 @@ def dropout(input, p: float = 0.5, training: bool = True):
     if p == 1.0:
         return input * 0.0
     keep = generator().random(input.shape) >= p
-    mask = Tensor._wrap((keep / (1.0 - p)).astype(input._data.dtype))
+    mask = wrap((keep / (1.0 - p)).astype(input._data.dtype))
     return input * mask
 
 
@@ -153,7 +153,6 @@ def _check_targets(tgt, n_classes, ignore_index, op):
 
 def nll_loss(input, target, weight=None, ignore_index: int = -100, reduction: str = "mean"):
     """Negative log-likelihood of log-probabilities `input` (N, C) at int `target` (N,)."""
-    from ..capture import literal
     logp, tgt = _class_last(input, target, "nll_loss")
     n_classes = logp.shape[1]
     _check_targets(tgt, n_classes, ignore_index, "nll_loss")

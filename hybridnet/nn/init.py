@@ -4,14 +4,14 @@ import math
 
 import numpy as np
 
+from ..autograd import no_grad
 from ..creation import generator
-from ..tensor import Tensor
+from ..tensor import Tensor, wrap
 
 
 def _set(t: Tensor, values) -> Tensor:
-    from ..autograd import no_grad
     with no_grad():
-        t.copy_(Tensor._wrap(np.asarray(values, dtype=t._data.dtype)))
+        t.copy_(wrap(np.asarray(values, dtype=t._data.dtype)))
     return t
 
 

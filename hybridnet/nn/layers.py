@@ -3,6 +3,7 @@
 import math
 
 from .. import functional as _f
+from ..autograd import no_grad
 from ..creation import empty
 from ..shape import flatten
 from . import functional as F
@@ -57,7 +58,6 @@ class Embedding(Module):
         self.weight = Parameter(empty(num_embeddings, embedding_dim, dtype=dtype))
         init.normal_(self.weight)
         if padding_idx is not None:
-            from ..autograd import no_grad
             with no_grad():
                 self.weight[padding_idx] = 0.0
 

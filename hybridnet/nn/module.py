@@ -7,7 +7,7 @@ import numpy as np
 from compiler.errors import ShapeError
 
 from ..autograd import no_grad
-from ..tensor import Tensor
+from ..tensor import Tensor, wrap
 from .parameter import Parameter
 
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
@@ -201,7 +201,7 @@ class Module:
                 if tuple(arr.shape) != tuple(target.shape):
                     raise ShapeError(f"load_state_dict: size mismatch for {key}: checkpoint has "
                                      f"{list(arr.shape)}, the model has {list(target.shape)}")
-                target.copy_(Tensor._wrap(arr))
+                target.copy_(wrap(arr))
         return IncompatibleKeys(missing, unexpected)
 
     # ---- modes and helpers ----------------------------------------------------------------

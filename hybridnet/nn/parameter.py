@@ -1,5 +1,7 @@
 """`nn.Parameter`: a tensor that a Module registers as a learnable parameter."""
 
+import numpy as np
+
 from ..tensor import Tensor
 
 
@@ -12,7 +14,6 @@ class Parameter(Tensor):
     __slots__ = ()
 
     def __init__(self, data=None, requires_grad: bool = True):
-        import numpy as np
         arr = np.zeros((0,), np.float32) if data is None else (
             data._data if isinstance(data, Tensor) else np.asarray(data))
         self._data, self._grad, self._node, self._vc = arr, None, None, None

@@ -5,7 +5,7 @@ import numpy as np
 
 from ..dtypes import float64
 from ..functional import maximum, sqrt
-from ..tensor import Tensor
+from ..tensor import wrap
 from .optimizer import Optimizer, _get
 from .tracked import hyper
 
@@ -27,11 +27,11 @@ class Adam(Optimizer):
 
     def _init_state(self, p, state, amsgrad):
         # The step count is a tensor, as in PyTorch, so a traced step need not guard on it.
-        state["step"] = Tensor._wrap(np.zeros((), np.float32))
-        state["exp_avg"] = Tensor._wrap(np.zeros_like(p._data))
-        state["exp_avg_sq"] = Tensor._wrap(np.zeros_like(p._data))
+        state["step"] = wrap(np.zeros((), np.float32))
+        state["exp_avg"] = wrap(np.zeros_like(p._data))
+        state["exp_avg_sq"] = wrap(np.zeros_like(p._data))
         if amsgrad:
-            state["max_exp_avg_sq"] = Tensor._wrap(np.zeros_like(p._data))
+            state["max_exp_avg_sq"] = wrap(np.zeros_like(p._data))
 
     def _update(self, p, grad, state, group):
         if not state:

@@ -4,9 +4,9 @@ import copy
 
 import numpy as np
 
-from ..autograd import no_grad
+from ..autograd import enable_grad, no_grad
 from ..capture import active
-from ..tensor import Tensor
+from ..tensor import Tensor, wrap
 from .tracked import ParamGroup, StateDict, bump
 
 
@@ -77,7 +77,6 @@ class Optimizer:
         """Apply one update (implemented by subclasses in `_update`)."""
         loss = None
         if closure is not None:
-            from ..autograd import enable_grad
             with enable_grad():
                 loss = closure()
         rec = active()
@@ -152,7 +151,7 @@ class Optimizer:
         if key != "step" and arr.shape != p.shape:
             raise ValueError(f"optimizer state {key!r} has shape {list(arr.shape)}, the "
                              f"parameter has {list(p.shape)}")
-        return Tensor._wrap(np.array(arr, dtype=arr.dtype, copy=True))
+        return wrap(np.array(arr, dtype=arr.dtype, copy=True))
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__} ("]

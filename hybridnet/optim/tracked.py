@@ -14,7 +14,7 @@ import numpy as np
 
 from .._state import STATE
 from ..capture import TRACE_HOOKS, VERSION_COUNTERS, active
-from ..tensor import Tensor
+from ..tensor import wrap
 
 # bumped with every optimizer's own version: a traced call that changes any optimizer's
 # structure is noticed (its recording cannot be replayed)
@@ -130,7 +130,7 @@ def hyper(group, key):
 def _hyper_tensor(rec, group, key, index, value):
     if not _is_number(value):
         return value
-    t = Tensor._wrap(np.array(value, dtype=np.float64))
+    t = wrap(np.array(value, dtype=np.float64))
     rec.note_hyper(t, group, key, index)
     return t
 
