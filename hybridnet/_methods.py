@@ -14,7 +14,7 @@ from .autograd import backward
 from .creation import tensor
 from .dispatch import binary_op
 from .indexing import getitem, setitem
-from .tensor import Tensor
+from .tensor import Tensor, init_fields
 
 _FUNCTIONAL = [
     "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf", "abs", "neg",
@@ -53,7 +53,7 @@ def _binary_method(name, reflected):
 def _init(self, data, dtype=None, requires_grad=False):
     """Tensor(data, dtype=None, requires_grad=False): as hn.tensor(...)."""
     t = tensor(data, dtype=dtype, requires_grad=requires_grad)
-    self._data, self._rg, self._grad, self._node, self._vc = t._data, t._rg, None, None, None
+    init_fields(self, t._data, t._rg)
 
 
 _EQ, _NE = binary_op("eq"), binary_op("ne")

@@ -166,10 +166,10 @@ def as_operand(x, name: str):
                     f"expected a hybridnet Tensor or a Python number")
 
 
-def promote(name: str, operands):
-    """Cast tensor operands and type scalars to the op's common dtype (PyTorch rules)."""
+def common_dtype(name: str, operands) -> np.dtype:
+    """The dtype op `name` computes in for tensor and Python-scalar `operands`: PyTorch's
+    promotion (`compiler.dtypes`), then float32 for a float-only op on ints or bools."""
     T = Tensor
-    opdef = REGISTRY[name]
     tensors = [x for x in operands if isinstance(x, T)]
     first = tensors[0]._data.dtype
     if all(t._data.dtype is first for t in tensors) and len(tensors) == len(operands):
@@ -180,8 +180,15 @@ def promote(name: str, operands):
     else:
         dt = cd.result_type([(t._data.dtype, cd.priority(t._data.ndim)) if isinstance(t, T)
                              else (cd.scalar_dtype(t), 0) for t in operands])
-    if Trait.FLOAT_ONLY in opdef.traits and dt.kind != "f":
+    if dt.kind != "f" and REGISTRY[name].has(Trait.FLOAT_ONLY):
         dt = cd.DEFAULT_FLOAT
+    return dt
+
+
+def promote(name: str, operands):
+    """Cast tensor operands and type scalars to the op's common dtype (PyTorch rules)."""
+    T = Tensor
+    dt = common_dtype(name, operands)
     out = []
     for x in operands:
         if isinstance(x, T):

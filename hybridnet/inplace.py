@@ -11,10 +11,10 @@ import numpy as np
 
 from compiler import dtypes as cd
 from compiler.errors import DTypeError, ShapeError
-from compiler.ops import Trait
+from compiler.ops import REGISTRY, Trait
 
 from ._state import STATE
-from .dispatch import binary, cast
+from .dispatch import binary, cast, common_dtype
 from .functional import clamp, where
 from .shape import clone, expand
 from .tensor import Tensor, literal, version_counter
@@ -80,14 +80,11 @@ def binary_(t, name, other, alpha=1):
     if not (type(alpha) in (int, float) and alpha == 1):  # (a traced step's alpha: a tensor)
         other = other * alpha
     if _needs_recording(t, other):
-        src = t if name in ("add", "sub") else snapshot(t)
+        # (a vjp that reads its inputs must not see the buffer this op overwrites)
+        src = snapshot(t) if REGISTRY[name].saves else t
         return write_result(t, binary(name, src, other), label)
     od = other._data if isinstance(other, Tensor) else other
-    dt = t._data.dtype
-    res_dtype = cd.result_type([(dt, cd.priority(t._data.ndim)), (od.dtype, cd.priority(
-        od.ndim))]) if isinstance(other, Tensor) else cd.with_scalar(dt, other)
-    if name == "div" and not cd.is_floating(res_dtype):
-        res_dtype = cd.DEFAULT_FLOAT
+    res_dtype = common_dtype(name, (t, other))
     shape = np.broadcast_shapes(t.shape, np.shape(od)) if isinstance(other, Tensor) else t.shape
     _check_result(t, label, shape, res_dtype)
     if isinstance(od, np.ndarray) and od.dtype != res_dtype:

@@ -9,7 +9,7 @@ from compiler.errors import ShapeError
 from ._state import STATE
 from .dispatch import apply, cast, promote
 from .dtypes import to_np
-from .tensor import Tensor, make, version_counter
+from .tensor import Tensor, make, share_version, version_counter
 
 
 def _shape_args(shape) -> tuple:
@@ -20,10 +20,7 @@ def _shape_args(shape) -> tuple:
 
 def _view(name: str, t, attrs) -> Tensor:
     """Apply a movement op; when NumPy returned a view, share the version counter."""
-    out = apply(name, (t,), attrs)
-    if np.may_share_memory(out._data, t._data):
-        out._vc = version_counter(t)
-    return out
+    return share_version(apply(name, (t,), attrs), t)
 
 
 def _dim(op, t, dim, extra=0) -> int:

@@ -218,6 +218,16 @@ def make(data: np.ndarray, requires_grad: bool = False, node=None) -> Tensor:
     return t
 
 
+def init_fields(t, data: np.ndarray, requires_grad: bool = False) -> None:
+    """Fill the fields of a tensor Python allocated (`Tensor(...)`, `Parameter(...)`), as
+    `make` fills them (keep the two in step)."""
+    t._data = data
+    t._rg = requires_grad
+    t._grad = None
+    t._node = None
+    t._vc = None
+
+
 def wrap(data) -> Tensor:
     """A tensor around an array computed outside the op set (a leaf, no history).
 
@@ -243,6 +253,14 @@ def version_counter(t) -> list:
     if vc is None:
         vc = t._vc = [0]
     return vc
+
+
+def share_version(t, base) -> Tensor:
+    """`t`, given base's version counter when its array is a view of base's (NumPy
+    decides): an in-place update through either is then seen by both."""
+    if np.may_share_memory(t._data, base._data):
+        t._vc = version_counter(base)
+    return t
 
 
 def _as_array(data) -> np.ndarray:

@@ -21,6 +21,7 @@ import os
 import sys
 import tempfile
 import time
+from importlib import metadata
 
 import numpy as np
 
@@ -191,8 +192,6 @@ def module_source(program):
 
 
 def _versions() -> str:
-    from importlib import metadata
-
     import numba
     try:
         own = metadata.version("hybridnet")

@@ -43,7 +43,7 @@ def test_hn_tensor_of_an_argument_is_not_a_constant():
 
 
 def test_result_of_a_compiled_traced_helper_is_not_frozen():
-    # A compiled helper's fast runner wraps its result with the plain Tensor._wrap, so
+    # A compiled helper's fast runner once wrapped its result without telling the trace, so
     # the outer recording sees a tensor from nowhere and captures it (weakref) as an
     # input: while the caller keeps the first result alive, every compiled outer call
     # returns that same stale tensor.

@@ -3,6 +3,7 @@ the `Program` record, naming and constants (`Context`), the line emitter, and ho
 fused unit is emitted and what it costs.
 """
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -94,7 +95,6 @@ class Context:
         if optional:
             return None
         if name == "erf":
-            import math
             self.globals["math"] = math
         return libm_name(name)
 

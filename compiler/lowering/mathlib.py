@@ -30,6 +30,8 @@ reweighted least squares, then rounded to float32; `python -m compiler.lowering.
 re-derives and prints them (see `derive_coefficients`).
 """
 
+import math
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
@@ -371,7 +373,6 @@ def _nodes(a, b, n=2000):
 
 def derive_coefficients():
     """Re-derive every coefficient table above (float64 fits, rounded to float32)."""
-    import math
 
     erf = np.vectorize(math.erf)
     erfc = np.vectorize(math.erfc)

@@ -13,7 +13,7 @@ import numpy as np
 from compiler.ops import REGISTRY
 from runtime.executor import ALIASED, SIDE_EXIT, STALE, Outcome
 
-from ..tensor import version_counter, wrap
+from ..tensor import share_version, version_counter, wrap
 from .pytree import unflatten
 
 _NUMBER = (int, float)
@@ -137,10 +137,7 @@ class Trace:
         arr = base._data
         for op, attrs in chain:
             arr = REGISTRY[op].impl(arr, **attrs)
-        t = wrap(arr)
-        if np.may_share_memory(arr, base._data):  # (as hybridnet.shape._view decides)
-            t._vc = version_counter(base)
-        return t
+        return share_version(wrap(arr), base)
 
     def _fresh(self, outs, k):
         t = wrap(outs[k])

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from ..tensor import Tensor
+from ..tensor import Tensor, init_fields
 
 
 class Parameter(Tensor):
@@ -16,8 +16,7 @@ class Parameter(Tensor):
     def __init__(self, data=None, requires_grad: bool = True):
         arr = np.zeros((0,), np.float32) if data is None else (
             data._data if isinstance(data, Tensor) else np.asarray(data))
-        self._data, self._grad, self._node, self._vc = arr, None, None, None
-        self._rg = False
+        init_fields(self, arr)
         if requires_grad:
             self.requires_grad_(True)
 
