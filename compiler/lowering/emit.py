@@ -17,8 +17,6 @@ from .rules import libm_name
 
 # Loop nests with at least this many iterations run their outer loop in parallel.
 PARALLEL_THRESHOLD = 1 << 20
-# Numba compiles np.concatenate in time that grows with its operands: so many lines each.
-CAT_OPERAND_COST = 8
 
 
 @dataclass
@@ -136,16 +134,14 @@ def code_lines(lines) -> int:
 
 def unit_cost(unit, lines) -> int:
     """What a unit costs Numba to compile, in code lines."""
-    extra = 0
-    if isinstance(unit, NodeUnit) and unit.node.op == "cat":
-        extra = CAT_OPERAND_COST * len(unit.node.inputs)
+    extra = node_rules.operand_cost(unit.node) if isinstance(unit, NodeUnit) else 0
     return code_lines(lines) + extra
 
 
 def emit_unit(em, unit, units_of):
     """Append one unit's lines, then let its dead buffers be reused."""
     em.unit(unit, units_of)
-    if isinstance(unit, NodeUnit) and unit.node.op == "matmul" and len(unit.node.shape) == 2:
+    if isinstance(unit, NodeUnit) and node_rules.fresh_output(unit.node):
         em.planner.adopt(unit.node, em.ctx.var(unit.node), 2, unit.node.dtype.name)
     em.planner.release_after(unit.index)
 

@@ -174,7 +174,7 @@ def _argreduce(em, node, x):
     _static(em)
     v, dim = em.ctx.var(node), node.attrs["dim"]
     src = node.inputs[0]
-    better = ">" if node.op == "argmax" else "<"
+    better = _BETTER[node.op]
     if dim is None or not len(src.shape):
         a, n, b = 1, int(np.prod(_pad(src.shape))), 1
     else:
@@ -206,6 +206,34 @@ def view_root(node, through=None):
     while node.op in VIEW_RESULTS and node.inputs and (through is None or through(node)):
         node = node.inputs[0]
     return node
+
+_BETTER = {"argmax": ">", "argmin": "<"}
+
+# What the cost model, the split driver and the buffer planner know of a whole-node rule
+# beyond its code (asked through the functions below, never by op name elsewhere):
+# Numba compiles np.concatenate in time that grows with its operands (lines per operand);
+# a concatenation of more arrays than DRIVER_ABOVE is run by the driver with NumPy; a
+# 2-D matmul returns a fresh array (np.dot) the buffer planner may reuse.
+_OPERAND_COST = {"cat": 8}
+_DRIVER_ABOVE = {"cat": 8}
+_FRESH_2D = frozenset({"matmul"})
+
+
+def operand_cost(node) -> int:
+    """Extra compile cost of `node`'s rule, in code lines."""
+    return _OPERAND_COST.get(node.op, 0) * len(node.inputs)
+
+
+def run_by_driver(node) -> bool:
+    """Is `node` better run with NumPy by a split kernel's driver?"""
+    limit = _DRIVER_ABOVE.get(node.op)
+    return limit is not None and len(node.inputs) > limit
+
+
+def fresh_output(node) -> bool:
+    """Does the rule leave `node`'s result in a new array of its own?"""
+    return node.op in _FRESH_2D and len(node.shape) == 2
+
 
 NODE_RULES = {
     "reshape": _reshape, "permute": _permute, "slice": _slice, "pad_slice": _pad_slice,

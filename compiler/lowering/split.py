@@ -18,12 +18,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..passes.fusion import NodeUnit
-from . import chunking
+from . import chunking, node_rules
 from .buffers import BufferPlanner
 from .emit import Context, Program, _Emitter, code_lines, emit_unit
-
-# A concatenation of more arrays than this is run by the driver with NumPy.
-DRIVER_CAT_OPERANDS = 8
 
 
 @dataclass
@@ -142,8 +139,7 @@ def _finish(ctx, em, results) -> Chunk:
 def driver_unit(unit) -> bool:
     """Units the driver runs with NumPy: concatenations of many arrays (Numba compiles a
     call with many array operands slowly)."""
-    return isinstance(unit, NodeUnit) and unit.node.op == "cat" and \
-        len(unit.node.inputs) > DRIVER_CAT_OPERANDS
+    return isinstance(unit, NodeUnit) and node_rules.run_by_driver(unit.node)
 
 
 def lower_split(graph, units, costs, mathlib, parallel, budget):
