@@ -53,7 +53,9 @@ cases = {
     "a[3]": lambda: a[3],
     "a.double()": lambda: a.double(),
     "softmax(m, -1)": lambda: hn.softmax(m, -1),
+    "a.add_(1.0)": lambda: a.add_(1.0),
     "g * b (grad)": lambda: g * b,
+    "g * 2.0 (grad)": lambda: g * 2.0,
     "g.tanh() (grad)": lambda: g.tanh(),
 }
 out = {}

@@ -50,6 +50,20 @@ def _binary_method(name, reflected):
     return method
 
 
+def _inplace_operator(method):
+    def operator(self, other):  # through the method, so a subclass's override is used
+        return getattr(self, method)(other)
+    return operator
+
+
+def _publish(name, fn):
+    """Bind `fn` as Tensor.<name>; one made here (or a dispatch entry point no module
+    publishes) is named Tensor.<name>, so tracebacks read well and pickle finds it."""
+    if "<" in fn.__qualname__ or fn.__module__ in (__name__, "hybridnet.dispatch"):
+        fn.__name__, fn.__qualname__, fn.__module__ = name, f"Tensor.{name}", Tensor.__module__
+    setattr(Tensor, name, fn)
+
+
 def _init(self, data, dtype=None, requires_grad=False):
     """Tensor(data, dtype=None, requires_grad=False): as hn.tensor(...)."""
     t = tensor(data, dtype=dtype, requires_grad=requires_grad)
@@ -84,17 +98,17 @@ def _backward(self, gradient=None, retain_graph=None, create_graph=False, inputs
 
 def _operators():
     for name, (op, reflected) in _BINARY.items():
-        setattr(Tensor, name, _binary_method(op, reflected))
-    Tensor.__init__ = _init
-    Tensor.__neg__, Tensor.__abs__ = F.neg, F.abs
-    Tensor.__pos__ = lambda t: t
-    Tensor.__eq__, Tensor.__ne__, Tensor.__invert__ = _eq, _ne, _invert
-    Tensor.__and__, Tensor.__or__ = F.bitwise_and, F.bitwise_or
-    Tensor.__matmul__ = F.matmul
-    Tensor.__rmatmul__ = lambda t, other: F.matmul(other, t)
-    Tensor.__iadd__, Tensor.__isub__ = inplace.add_, inplace.sub_
-    Tensor.__imul__, Tensor.__itruediv__ = inplace.mul_, inplace.div_
-    Tensor.__getitem__, Tensor.__setitem__ = getitem, setitem
+        _publish(name, _binary_method(op, reflected))
+    for name, method in (("__iadd__", "add_"), ("__isub__", "sub_"), ("__imul__", "mul_"),
+                         ("__itruediv__", "div_")):
+        _publish(name, _inplace_operator(method))
+    ops = {"__init__": _init, "__neg__": F.neg, "__abs__": F.abs, "__pos__": lambda t: t,
+           "__eq__": _eq, "__ne__": _ne, "__invert__": _invert, "__and__": F.bitwise_and,
+           "__or__": F.bitwise_or, "__matmul__": F.matmul,
+           "__rmatmul__": lambda t, other: F.matmul(other, t), "__getitem__": getitem,
+           "__setitem__": setitem}
+    for name, fn in ops.items():
+        _publish(name, fn)
 
 
 def _bind():
@@ -107,13 +121,13 @@ def _bind():
         setattr(Tensor, name, getattr(inplace, name))
     Tensor.T = property(shape.t_property, doc="The tensor with its dims reversed.")
     Tensor.mT = property(lambda t: shape.transpose(t, -2, -1), doc="Swap the last two dims.")
-    Tensor.float = lambda t: shape.to(t, "float32")
-    Tensor.double = lambda t: shape.to(t, "float64")
-    Tensor.long = lambda t: shape.to(t, "int64")
-    Tensor.int = lambda t: shape.to(t, "int32")
-    Tensor.bool = lambda t: shape.to(t, "bool")
-    Tensor.expand_as = lambda t, other: shape.expand(t, *other.shape)
-    Tensor.view_as = lambda t, other: shape.reshape(t, *other.shape)
+    _publish("float", lambda t: shape.to(t, "float32"))
+    _publish("double", lambda t: shape.to(t, "float64"))
+    _publish("long", lambda t: shape.to(t, "int64"))
+    _publish("int", lambda t: shape.to(t, "int32"))
+    _publish("bool", lambda t: shape.to(t, "bool"))
+    _publish("expand_as", lambda t, other: shape.expand(t, *other.shape))
+    _publish("view_as", lambda t, other: shape.reshape(t, *other.shape))
     Tensor.backward = _backward
 
 

@@ -112,9 +112,10 @@ def node_of(x):
 
 def _typed(x, inputs):
     """A Python float operand (weak, as in PyTorch) typed as the float tensor beside it."""
-    like = next((t for t in inputs if isinstance(t, Tensor) and t._data.dtype.kind == "f"),
-                None)
-    return x if like is None else like._data.dtype.type(x)
+    for t in inputs:
+        if isinstance(t, Tensor) and t._data.dtype.kind == "f":
+            return t._data.dtype.type(x)
+    return x
 
 
 def record(opdef, inputs, attrs, res, requires_grad):
@@ -170,13 +171,13 @@ def common_dtype(name: str, operands) -> np.dtype:
     """The dtype op `name` computes in for tensor and Python-scalar `operands`: PyTorch's
     promotion (`compiler.dtypes`), then float32 for a float-only op on ints or bools."""
     T = Tensor
-    tensors = [x for x in operands if isinstance(x, T)]
-    first = tensors[0]._data.dtype
-    if all(t._data.dtype is first for t in tensors) and len(tensors) == len(operands):
-        dt = first
-    elif len(tensors) == 1 and len(operands) == 2:
-        scalar = operands[1] if operands[0] is tensors[0] else operands[0]
-        dt = cd.with_scalar(first, scalar)
+    a, b = (operands[0], operands[1]) if len(operands) == 2 else (None, None)
+    if isinstance(a, T) and not isinstance(b, T):
+        dt = cd.with_scalar(a._data.dtype, b)
+    elif isinstance(b, T) and not isinstance(a, T):
+        dt = cd.with_scalar(b._data.dtype, a)
+    elif isinstance(a, T) and a._data.dtype is b._data.dtype:
+        dt = a._data.dtype
     else:
         dt = cd.result_type([(t._data.dtype, cd.priority(t._data.ndim)) if isinstance(t, T)
                              else (cd.scalar_dtype(t), 0) for t in operands])
@@ -206,17 +207,18 @@ def binary_op(name: str):
     opdef = REGISTRY[name]
     float_only = opdef.has(Trait.FLOAT_ONLY)
 
-    def op(a, b):
-        if isinstance(a, Tensor):
-            da = a._data
-            if isinstance(b, Tensor):
-                db = b._data
+    def op(input, other):
+        if isinstance(input, Tensor):
+            da = input._data
+            if isinstance(other, Tensor):
+                db = other._data
                 dt = da.dtype
                 if db.dtype is dt and (not float_only or dt.kind == "f"):
-                    return run(opdef, (a, b), (da, db), NO_ATTRS, a._rg or b._rg)
-            elif b.__class__ is float and da.dtype.kind == "f":
-                return run(opdef, (a, b), (da, b), NO_ATTRS, a._rg)
-        a, b = as_operand(a, name), as_operand(b, name)
+                    return run(opdef, (input, other), (da, db), NO_ATTRS,
+                               input._rg or other._rg)
+            elif other.__class__ is float and da.dtype.kind == "f":
+                return run(opdef, (input, other), (da, other), NO_ATTRS, input._rg)
+        a, b = as_operand(input, name), as_operand(other, name)
         return apply(name, promote(name, (a, b)))
     return _named(op, name, opdef)
 

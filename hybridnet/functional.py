@@ -23,8 +23,10 @@ from .tensor import Tensor, literal
 
 
 def _doc(op, doc: str):
-    """A dispatch entry point (`unary_op`/`binary_op`) published with its user docs."""
+    """A dispatch entry point (`unary_op`/`binary_op`) published here, with its user docs
+    (and a name pickle finds)."""
     op.__doc__ = doc
+    op.__module__, op.__qualname__ = __name__, op.__name__
     return op
 
 
@@ -39,13 +41,17 @@ erf = _doc(unary_op("erf"), "Gauss error function.")
 abs = _doc(unary_op("abs"), "Absolute value.")  # noqa: A001  (PyTorch's name)
 neg = _doc(unary_op("neg"), "-input.")
 sign = _doc(unary_op("sign"), "-1, 0 or 1 (gradient zero).")
-pow = _doc(binary_op("pow"), "input ** exponent (tensors or scalars).")  # noqa: A001
 mul = _doc(binary_op("mul"), "input * other.")
 div = _doc(binary_op("div"), "input / other (true division).")
 maximum = _doc(binary_op("maximum"),
                "Elementwise max; on ties the gradient is split evenly, as in PyTorch.")
 minimum = _doc(binary_op("minimum"), "Elementwise min.")
-_add, _sub = binary_op("add"), binary_op("sub")
+_add, _sub, _pow = binary_op("add"), binary_op("sub"), binary_op("pow")
+
+
+def pow(input, exponent):  # noqa: A001
+    """input ** exponent (tensors or scalars)."""
+    return _pow(input, exponent)
 
 
 def rsqrt(input):

@@ -21,7 +21,6 @@ import os
 import sys
 import tempfile
 import time
-from importlib import metadata
 
 import numpy as np
 
@@ -192,6 +191,8 @@ def module_source(program):
 
 
 def _versions() -> str:
+    from importlib import metadata  # (loads email, csv, socket...: ~10 ms at import)
+
     import numba
     try:
         own = metadata.version("hybridnet")

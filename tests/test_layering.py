@@ -26,6 +26,7 @@ LAZY_OK = {
     "compiler.lowering.mathlib": "it imports Numba (its SIMD math is compiled Numba code)",
     "scipy.special": "~0.2 s to import; only the erf reference implementation needs it",
     "networkx": "only Graph.to_networkx() needs it",
+    "importlib.metadata": "~10 ms (it loads email, csv, socket); only disk-cache keys need it",
 }
 
 
@@ -43,7 +44,7 @@ def _module_name(path) -> str:
 
 def _targets(module, is_package, node, known):
     """The dotted names an import statement in `module` brings in: `from a import b` is
-    module a.b when that is a module of `known`, else a."""
+    a when b is a name defined in a module of `known`, else a.b."""
     if isinstance(node, ast.Import):
         return [alias.name for alias in node.names]
     if node.level:
@@ -52,8 +53,8 @@ def _targets(module, is_package, node, known):
         prefix = ".".join(base + ([node.module] if node.module else []))
     else:
         prefix = node.module
-    return [f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in known else prefix
-            for a in node.names]
+    return [prefix if prefix in known and f"{prefix}.{a.name}" not in known
+            else f"{prefix}.{a.name}" for a in node.names]
 
 
 def import_graph(sources):

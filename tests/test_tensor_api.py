@@ -148,3 +148,52 @@ def test_in_place_ops_promote_as_out_of_place_ops_do():
     i = hn.tensor([1, 2, 3])
     with pytest.raises(DTypeError):
         i.div_(2)  # true division gives float
+
+
+# ---- how ops are bound: names, keywords, pickling, subclasses ----------------------------
+
+
+@pytest.mark.parametrize("fn,params", [
+    (hn.mul, ["input", "other"]), (hn.div, ["input", "other"]),
+    (hn.maximum, ["input", "other"]), (hn.minimum, ["input", "other"]),
+    (hn.pow, ["input", "exponent"]), (hn.exp, ["input"]), (hn.tanh, ["input"]),
+])
+def test_functional_ops_take_pytorchs_keyword_names(fn, params):
+    import inspect
+    assert list(inspect.signature(fn).parameters)[:len(params)] == params
+    x = hn.tensor([1.0, 2.0])
+    kwargs = dict(zip(params, [x, x]))
+    np.testing.assert_array_equal(fn(**kwargs).numpy(), fn(*kwargs.values()).numpy())
+
+
+def test_ops_and_tensor_methods_pickle_by_name():
+    import pickle
+    for fn in (hn.exp, hn.tanh, hn.mul, hn.nn.functional.sigmoid, hn.Tensor.__add__,
+               hn.Tensor.__radd__, hn.Tensor.__rsub__, hn.Tensor.__lt__, hn.Tensor.__iadd__,
+               hn.Tensor.__pos__, hn.Tensor.float, hn.Tensor.__init__):
+        assert pickle.loads(pickle.dumps(fn)) is fn, fn
+
+
+def test_augmented_assignment_goes_through_the_subclass_method():
+    calls = []
+
+    class Logged(hn.Tensor):
+        __slots__ = ()
+
+        def mul_(self, other):
+            calls.append(other)
+            return super().mul_(other)
+
+    t = Logged([1.0, 2.0])
+    t *= 3.0
+    assert calls == [3.0] and t.tolist() == [3.0, 6.0]
+
+
+def test_a_recorded_python_float_has_the_dtype_eager_computed_with():
+    from hybridnet.dispatch import apply
+    x = hn.tensor([1.0, 2.0])
+    with hn.record() as rec:
+        y = apply("add", (x, 2.5))
+    const = next(n for n in rec.graph.nodes if n.op == "const")
+    assert const.dtype == y._data.dtype == np.float32
+    np.testing.assert_array_equal(rec.graph.run(x._data)[0], y._data)
