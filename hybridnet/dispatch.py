@@ -171,14 +171,18 @@ def common_dtype(name: str, operands) -> np.dtype:
     """The dtype op `name` computes in for tensor and Python-scalar `operands`: PyTorch's
     promotion (`compiler.dtypes`), then float32 for a float-only op on ints or bools."""
     T = Tensor
-    a, b = (operands[0], operands[1]) if len(operands) == 2 else (None, None)
-    if isinstance(a, T) and not isinstance(b, T):
-        dt = cd.with_scalar(a._data.dtype, b)
-    elif isinstance(b, T) and not isinstance(a, T):
-        dt = cd.with_scalar(b._data.dtype, a)
-    elif isinstance(a, T) and a._data.dtype is b._data.dtype:
-        dt = a._data.dtype
-    else:
+    dt = None
+    if len(operands) == 2:
+        a, b = operands
+        if isinstance(a, T):
+            first = a._data.dtype
+            if not isinstance(b, T):
+                dt = cd.with_scalar(first, b)
+            elif b._data.dtype is first:
+                dt = first
+        elif isinstance(b, T):
+            dt = cd.with_scalar(b._data.dtype, a)
+    if dt is None:
         dt = cd.result_type([(t._data.dtype, cd.priority(t._data.ndim)) if isinstance(t, T)
                              else (cd.scalar_dtype(t), 0) for t in operands])
     if dt.kind != "f" and REGISTRY[name].has(Trait.FLOAT_ONLY):

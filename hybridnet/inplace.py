@@ -33,14 +33,15 @@ def _check_leaf(t, name):
                            f"requires grad is not supported; use an out-of-place op")
 
 
-def _check_result(t, name, res_shape, res_dtype):
-    if tuple(res_shape) != t.shape:
+def _check_result(t, name, res_shape: tuple, res_dtype):
+    arr = t._data
+    if res_shape != arr.shape:
         raise ShapeError(f"{name}: result of shape {list(res_shape)} cannot be written into "
                          f"{t.dtype}{list(t.shape)} (in-place ops do not broadcast self)")
-    if cd.category(res_dtype) > cd.category(t._data.dtype):
+    if res_dtype is not arr.dtype and cd.category(res_dtype) > cd.category(arr.dtype):
         raise DTypeError(f"{name}: result type {res_dtype} can't be cast to the in-place "
                          f"tensor's dtype {t.dtype}")
-    if not t._data.flags.writeable:
+    if not arr.flags.writeable:
         raise RuntimeError(f"{name}: tensor {t.dtype}{list(t.shape)} is a read-only view "
                            f"(e.g. from expand); clone() it first")
 
