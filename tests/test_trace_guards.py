@@ -285,3 +285,24 @@ def test_traced_method_of_a_module():
         net.eval()
         _close(net(x).numpy(), ref)  # training flag is part of the key: a new trace
     assert Net.forward.stats.misses == 2
+
+
+def test_class_attributes_are_guarded_through_a_changed_mro():
+    class Base(hn.nn.Module):
+        k = 2.0
+
+    class Other(hn.nn.Module):
+        k = 5.0
+
+    class M(Base):
+        def forward(self, x):
+            return x * self.k
+
+    traced, x = hn.trace(M()), hn.ones(2)
+    with hn.no_grad():
+        for _ in range(3):
+            traced(x)
+        Base.k = 3.0
+        assert traced(x).tolist() == [3.0, 3.0]
+        M.__bases__ = (Other,)  # the cached MRO filter must notice
+        assert traced(x).tolist() == [5.0, 5.0]

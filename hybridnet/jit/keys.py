@@ -12,6 +12,7 @@ import functools
 import hashlib
 import sys
 import types
+import weakref
 
 import numpy as np
 
@@ -220,15 +221,28 @@ def class_attrs(cls) -> dict:
     """Plain class attributes (not functions or descriptors) of the user-defined classes in
     `cls`'s MRO, the subclass's first."""
     attrs = {}
-    for c in getattr(cls, "__mro__", ()):
-        if not _user_defined(c):
-            continue
+    for c in _user_classes(cls):
         for k, v in vars(c).items():
             if k.startswith("__") or k in attrs or callable(v) or \
                     isinstance(v, (staticmethod, classmethod, property)):
                 continue
             attrs[k] = v
     return attrs
+
+
+_USER_MRO = weakref.WeakKeyDictionary()  # class -> (its __mro__, the user classes in it)
+
+
+def _user_classes(cls) -> tuple:
+    """The user-defined classes of `cls`'s MRO (cached while the MRO stays the same)."""
+    mro = getattr(cls, "__mro__", ())
+    try:
+        hit = _USER_MRO.get(cls)
+    except TypeError:  # not weak-referenceable
+        return tuple(c for c in mro if _user_defined(c))
+    if hit is None or hit[0] is not mro:
+        hit = _USER_MRO[cls] = (mro, tuple(c for c in mro if _user_defined(c)))
+    return hit[1]
 
 
 def _user_module(module) -> bool:
