@@ -1,11 +1,12 @@
 """Eager dispatch: run a primitive with NumPy and, when needed, record it on the tape.
 
-`run(opdef, inputs, arrays, attrs)` is the one path every tensor op takes: it
+`run(opdef, inputs, arrays, attrs, rg)` is the one path every tensor op takes: it
 computes the result with the registry's impl, builds the tensor with the one
 constructor (`tensor.make`), and appends a `TapeNode` when autograd needs it (grad
 mode on and an input requires grad) or inside `hn.record()`. Tensors that need
-neither carry no history. `apply`, `unary` and `binary` only prepare its arguments
-(the arrays, and the dtype promotion of PyTorch's rules).
+neither carry no history. The entry points only prepare its arguments: `apply`
+(general), and the per-op functions `unary_op(name)` and `binary_op(name)` return
+(PyTorch's dtype promotion: `common_dtype`, `promote`).
 """
 
 import functools
@@ -45,7 +46,6 @@ class TapeNode(Node):
 
 # `ref` of a no-grad node whose recording ended: its tensor is a leaf for new ops.
 CLOSED = object()
-
 
 
 def _explain(opdef, arrays, attrs, exc):
