@@ -1,5 +1,7 @@
 """Shared helpers for the benchmark scripts: timing, peers, table printing."""
 
+import contextlib
+import multiprocessing
 import statistics
 import time
 
@@ -47,3 +49,23 @@ def print_table(title, rows, columns):
     print("  ".join(h.rjust(w) for (_, h, _), w in zip(columns, widths)))
     for r in rows:
         print("  ".join(f(r.get(k)).rjust(w) for (k, _, f), w in zip(columns, widths)))
+
+
+def _spin(stop):
+    while not stop.is_set():
+        sum(range(10_000))
+
+
+@contextlib.contextmanager
+def busy_neighbour():
+    """A second process spinning on one core for the duration of the block."""
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    proc = ctx.Process(target=_spin, args=(stop,), daemon=True)
+    proc.start()
+    try:
+        time.sleep(0.2)  # (let it start)
+        yield
+    finally:
+        stop.set()
+        proc.join()

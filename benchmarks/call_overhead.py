@@ -16,14 +16,13 @@ of the two cores.
 """
 
 import argparse
-import multiprocessing
 import os
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import fmt_time, median_time, optional, print_table  # noqa: E402
+from _common import busy_neighbour, fmt_time, median_time, optional, print_table  # noqa: E402
 
 import hybridnet as hn  # noqa: E402
 import hybridnet.nn.functional as F  # noqa: E402
@@ -93,11 +92,6 @@ def _peer_rows(a):
     return row
 
 
-def _spin(stop):
-    while not stop.is_set():
-        sum(range(10_000))
-
-
 def run(title):
     a = np.random.default_rng(0).standard_normal(16).astype(np.float32)
     row = _hn_rows(a)
@@ -117,15 +111,8 @@ def main():
     args = parser.parse_args()
     run("Per-call cost, tanh(x*2+1) on 16 float32 elements (quiet machine)")
     if args.busy:
-        ctx = multiprocessing.get_context("spawn")
-        stop = ctx.Event()
-        proc = ctx.Process(target=_spin, args=(stop,), daemon=True)
-        proc.start()
-        try:
+        with busy_neighbour():
             run("Per-call cost, same, with a busy neighbour on one core")
-        finally:
-            stop.set()
-            proc.join()
 
 
 if __name__ == "__main__":

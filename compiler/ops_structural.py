@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 
+from . import blas
 from .errors import DTypeError, ShapeError, describe
 from .registry import (
     OpDef,
@@ -314,7 +315,7 @@ def _swap_last(e, x):
 def _matmul(a, b):
     if a.dtype.kind == "b" or b.dtype.kind == "b":  # as the rule says (NumPy would allow it)
         raise TypeError("matmul is not supported on bool inputs")
-    return np.matmul(a, b)
+    return blas.matmul(a, b)
 
 
 register(OpDef("matmul", 2, _matmul, _matmul_rule,

@@ -8,6 +8,7 @@
 [2.0, 4.0, 6.0]
 """
 
+from compiler import blas as _blas
 from compiler.errors import DTypeError, OpError, ShapeError
 from compiler.ir import Graph
 
@@ -109,6 +110,8 @@ int = int32  # noqa: A001
 
 from . import nn, optim  # noqa: E402
 from .jit import BenchmarkResult, ExplainReport, TracedFunction, benchmark, explain, trace
+
+_blas.configure()  # BLAS threads only for large matrix products (see compiler/blas.py)
 
 __version__ = "0.1.0"
 

@@ -24,6 +24,8 @@ import time
 
 import numpy as np
 
+from compiler import blas
+
 # Flags that keep IEEE inf/nan semantics (no 'nnan'/'ninf') but let LLVM vectorize
 # reductions and fuse multiply-adds.
 FASTMATH = {"reassoc", "contract"}  # no nsz: LLVM would fold x + 0.0 and (x + c) - c
@@ -41,11 +43,20 @@ class CompiledKernel:
         self.compiled = False
         self.from_disk = False
 
+    @property
+    def jitted(self):
+        """The Numba dispatcher (`fn` may be it, or it behind the BLAS thread choice)."""
+        return self.__dict__.get("_jitted", self.fn)
+
+    @jitted.setter
+    def jitted(self, value):
+        self.__dict__["_jitted"] = value
+
     def __call__(self, *arrays):
         if not self.compiled:
             start = time.perf_counter()
             try:
-                out = self.fn(*arrays)
+                out = _first_run(self.fn, self.program, arrays)
             except Exception:
                 if not self.from_disk:
                     raise
@@ -53,24 +64,46 @@ class CompiledKernel:
                 _discard_disk_entry(self.filename)
                 self.fn = _in_memory(self.program).fn
                 self.from_disk = False
-                out = self.fn(*arrays)
+                out = _first_run(self.fn, self.program, arrays)
             self.compile_seconds = time.perf_counter() - start
             self.compiled = True
+            self.jitted, self.fn = self.fn, with_blas_threads(self.fn, self.program)
             return out
         return self.fn(*arrays)
 
     @property
     def llvm_ir(self) -> str:
         """LLVM IR of every compiled signature (empty before the first call)."""
-        return "\n".join(self.fn.inspect_llvm().values())
+        return "\n".join(self.jitted.inspect_llvm().values())
 
     @property
     def cache_hits(self) -> int:
         """Signatures Numba loaded from its disk cache instead of compiling."""
-        return sum(self.fn.stats.cache_hits.values())
+        return sum(self.jitted.stats.cache_hits.values())
 
     def __repr__(self) -> str:
         return f"<CompiledKernel {self.filename} compiled={self.compiled}>"
+
+
+def with_blas_threads(fn, program):
+    """`fn`, preceded by the BLAS thread choice (`compiler.blas`) when the program's
+    kernels call BLAS: its threads for a program holding a large product, else one."""
+    if not getattr(program, "uses_blas", False):
+        return fn
+    large, use = bool(getattr(program, "large_products", False)), blas.use_threads
+
+    def call(*arrays):
+        use(large)
+        return fn(*arrays)
+    return call
+
+
+def _first_run(fn, program, arrays):
+    """The first call (it compiles or loads): with the BLAS choice, which then also
+    covers the BLAS library Numba has loaded."""
+    out = with_blas_threads(fn, program)(*arrays)
+    blas.configure()  # (Numba calls SciPy's BLAS, loaded by the compile)
+    return out
 
 
 def _options(program) -> dict:
@@ -307,10 +340,11 @@ class SplitKernel:
         if self.compiled:
             return self.fn(*arrays)
         start = time.perf_counter()
-        out = self.fn(*arrays)
+        out = _first_run(self.fn, self.program, arrays)
         self.compile_seconds = time.perf_counter() - start
         self._bind(direct=True)
         self.compiled = True
+        self.fn = with_blas_threads(self.fn, self.program)
         return out
 
     @property

@@ -29,6 +29,7 @@ class Program:
     units: list
     shape_generic: bool
     uses_blas: bool = False
+    large_products: bool = False  # holds a product BLAS should run on several threads
     notes: list = field(default_factory=list)
     single_output: bool = False  # the entry returns one array, not a tuple
     parallel: bool = False  # uses numba.prange (compile with parallel=True)

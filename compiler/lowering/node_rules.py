@@ -6,6 +6,7 @@ size known only at trace time mark the program as not shape-generic.
 
 import numpy as np
 
+from .. import blas
 from ..errors import LoweringError
 from ..ir import pad_shape as _pad
 from .rules import is_reduction
@@ -228,6 +229,17 @@ def run_by_driver(node) -> bool:
     """Is `node` better run with NumPy by a split kernel's driver?"""
     limit = _DRIVER_ABOVE.get(node.op)
     return limit is not None and len(node.inputs) > limit
+
+
+# First line of a program holding a large product (part of its source, so of its kernel
+# cache key: a kernel is shared only by programs making the same thread choice).
+BLAS_THREADED = "# BLAS: its threads (a product of >= compiler.blas.LARGE_MACS multiply-adds)\n"
+
+
+def large_product(graph) -> bool:
+    """Does the graph hold a matrix product BLAS should run on several threads?"""
+    return any(node.op in _FRESH_2D and blas.macs(node.inputs[0].shape, node.inputs[1].shape)
+               >= blas.LARGE_MACS for node in graph.nodes)
 
 
 def fresh_output(node) -> bool:

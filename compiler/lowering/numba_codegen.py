@@ -28,6 +28,7 @@ from .emit import (
     emit_unit,
     unit_cost,
 )
+from .node_rules import BLAS_THREADED
 from .rules import RULES, is_reduction, reduce_identity
 from .split import lower_split
 
@@ -109,10 +110,12 @@ def _lower_single(graph, units, mathlib, parallel):
         em.emit(f"return {outs[0]}")
     else:
         em.emit(f"return ({', '.join(outs)}{',' if outs else ''})")
-    source = "\n".join(em.lines) + "\n"
+    large = ctx.uses_blas and node_rules.large_product(graph)
+    source = (BLAS_THREADED if large else "") + "\n".join(em.lines) + "\n"
     program = Program(source, "entry", ctx.globals, units, ctx.shape_generic, ctx.uses_blas)
     program.single_output = len(outs) == 1
     program.parallel = ctx.uses_prange
+    program.large_products = large
     program.cost = sum(costs) + 2
     program.notes.append(f"buffers reused: {em.planner.reused}")
     return program, costs

@@ -169,11 +169,14 @@ def lower_split(graph, units, costs, mathlib, parallel, budget):
         chunks[call.chunk].uses += 1
         reused += em.planner.reused
     driver, driver_globals, single = _driver(graph, calls)
+    uses_blas = any(ctx.uses_blas for _, ctx, _ in bodies)
+    large = uses_blas and node_rules.large_product(graph)
+    driver = (node_rules.BLAS_THREADED if large else "") + driver
     program = Program(_display(driver, chunks, len(calls), budget), "entry", driver_globals,
-                      units, all(ctx.shape_generic for _, ctx, _ in bodies),
-                      any(ctx.uses_blas for _, ctx, _ in bodies))
+                      units, all(ctx.shape_generic for _, ctx, _ in bodies), uses_blas)
     program.chunks, program.driver, program.single_output = chunks, driver, single
     program.parallel = any(c.parallel for c in chunks)
+    program.large_products = large
     program.cost = sum(c.cost for c in chunks)
     program.notes += [f"buffers reused: {reused}",
                       f"split into {len(calls)} calls of {len(chunks)} distinct kernels "

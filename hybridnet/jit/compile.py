@@ -7,7 +7,7 @@ one only in sizes reuses its size-generic kernel without compiling again.
 import math
 import time
 
-from compiler.lowering.node_rules import view_root
+from compiler.lowering.node_rules import large_product, view_root
 from compiler.lowering.numba_codegen import (
     PARALLEL_THRESHOLD,
     LoweringError,
@@ -70,8 +70,9 @@ def compile_trace(tg, dynamic) -> CompileResult:
     check_supported(optimized)
     big = max((math.prod(n.shape) for n in optimized.nodes), default=0) >= PARALLEL_THRESHOLD
     budget = kernel_budget()  # programs split under another budget are other kernels
-    generic_key = (optimized.structural_hash(exact_shapes=False), big, budget)
-    exact_key = (optimized.structural_hash(exact_shapes=True), big, budget)
+    threaded = large_product(optimized)  # (BLAS threads: part of the kernel, compiler.blas)
+    generic_key = (optimized.structural_hash(exact_shapes=False), big, budget, threaded)
+    exact_key = (optimized.structural_hash(exact_shapes=True), big, budget, threaded)
     cached = _KERNELS.get(generic_key) if dynamic is not False else None
     if cached is None or not cached[1].shape_generic:
         cached = _KERNELS.get(exact_key)

@@ -1,0 +1,82 @@
+"""BLAS threads for matrix products: hybridnet's size rule against BLAS's own threading,
+on a quiet machine and next to a busy process.
+
+    python benchmarks/blas_threads.py [--repeat 7]
+
+Rows: a (32,128) x (128,128).T product (an RNN's hidden update), an eager tanh-RNN
+forward and backward over 64 steps (batch 32, input 64, hidden 128), a compiled
+(64,784)x(784,256) layer, and a 512^3 product. Columns: "rule" is hybridnet's default
+(one BLAS thread below compiler.blas.LARGE_MACS multiply-adds, BLAS's threads above),
+"all threads" lets every product use BLAS's threads (what NumPy does by default).
+Medians of repeated runs, all in this one process; the busy neighbour is a second
+process spinning on one of the two cores.
+"""
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import busy_neighbour, fmt_time, median_time, print_table  # noqa: E402
+
+import hybridnet as hn  # noqa: E402
+from compiler import blas  # noqa: E402
+
+
+def _cases():
+    rng = np.random.default_rng(0)
+    h = hn.tensor(rng.standard_normal((32, 128)).astype(np.float32))
+    w = hn.tensor(rng.standard_normal((128, 128)).astype(np.float32))
+    xs = [hn.tensor(rng.standard_normal((32, 64)).astype(np.float32)) for _ in range(64)]
+    wx = hn.tensor(rng.standard_normal((128, 64)).astype(np.float32) * 0.1, requires_grad=True)
+    wh = hn.tensor(rng.standard_normal((128, 128)).astype(np.float32) * 0.1,
+                   requires_grad=True)
+    big_a = hn.tensor(rng.standard_normal((512, 512)).astype(np.float32))
+    x = hn.tensor(rng.standard_normal((64, 784)).astype(np.float32))
+    w1 = hn.tensor(rng.standard_normal((256, 784)).astype(np.float32))
+    layer = hn.trace(lambda x, w: hn.relu(x @ w.T))
+
+    def rnn():
+        state = hn.zeros(32, 128)
+        for xt in xs:
+            state = (xt @ wx.T + state @ wh.T).tanh()
+        state.sum().backward()
+        wx.grad = wh.grad = None
+
+    def compiled_layer():
+        with hn.no_grad():
+            layer(x, w1)
+
+    return {"(32,128)x(128,128).T": lambda: h @ w.T, "eager RNN fwd+bwd, 64 steps": rnn,
+            "compiled (64,784)x(784,256) layer": compiled_layer,
+            "512x512x512 product": lambda: big_a @ big_a}
+
+
+def run(title, repeat):
+    rows = []
+    for name, fn in _cases().items():
+        fn()  # (compiles the traced layer; loads SciPy's BLAS, which then gets the rule)
+        rule = median_time(fn, repeat)
+        with blas.every_product_threaded():
+            every = median_time(fn, repeat)
+        rows.append({"case": name, "rule": rule, "all": every, "ratio": every / rule})
+    print_table(title, rows, [("case", "case", str), ("rule", "rule", fmt_time),
+                              ("all", "all threads", fmt_time),
+                              ("ratio", "all / rule", lambda v: f"{v:.2f}x")])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+    print(f"BLAS libraries: {blas.threads()} (threads for large products: {blas._wide[0]}, "
+          f"from {blas.LARGE_MACS} multiply-adds)")
+    run("Quiet machine", args.repeat)
+    with busy_neighbour():
+        run("With a busy neighbour on one core", args.repeat)
+
+
+if __name__ == "__main__":
+    main()
