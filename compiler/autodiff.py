@@ -2,24 +2,36 @@
 
 The engine is written against callbacks, so the same walk runs eager backward
 (values are NumPy-backed tensors), higher-order gradients (values are tensors
-with history) and, later, symbolic backward graphs (values are graph values).
+with history) and symbolic backward graphs (`grad_graph`: values are graph nodes,
+built by `compiler.emitter.GraphEmitter`).
 """
 
+from .emitter import GraphEmitter
+from .ir import Graph, Node, collect
 from .registry import REGISTRY, Trait, sum_to
 
 
 def reachable(roots) -> list:
-    """Nodes that require grad and reach `roots`, latest first (reverse execution order)."""
-    seen, stack, found = set(), [r for r in roots if r.requires_grad], []
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
+    """Nodes that require grad and reach `roots`, every node before its inputs (a reverse
+    topological order: the walk never relies on creation order, which passes break)."""
+    order, seen = [], set()
+    for root in roots:
+        if not root.requires_grad or id(root) in seen:
             continue
-        seen.add(id(node))
-        found.append(node)
-        stack.extend(i for i in node.inputs if i.requires_grad)
-    found.sort(key=lambda n: n.seq, reverse=True)
-    return found
+        seen.add(id(root))
+        stack = [(root, iter(root.inputs))]
+        while stack:
+            node, pending = stack[-1]
+            for inp in pending:
+                if inp.requires_grad and id(inp) not in seen:
+                    seen.add(id(inp))
+                    stack.append((inp, iter(inp.inputs)))
+                    break
+            else:
+                stack.pop()
+                order.append(node)  # after all its inputs: post-order
+    order.reverse()
+    return order
 
 
 def _input_grads(node, opdef, e, g, ins, out):
@@ -72,3 +84,47 @@ def backward(roots, root_grads, e, value_of, sink, check=None) -> list:
 def _accumulate(pending, e, node, g):
     old = pending.get(id(node))
     pending[id(node)] = g if old is None else e("add", old, g)
+
+
+def mark_requires_grad(graph, wrt) -> None:
+    """Set `requires_grad` on the nodes of `graph` that depend differentiably on `wrt`
+    (and clear it elsewhere): what `backward` walks."""
+    wanted = {id(n) for n in wrt}
+    for node in graph.nodes:
+        if node.is_source:
+            node.requires_grad = id(node) in wanted
+        else:
+            node.requires_grad = REGISTRY[node.op].differentiable and any(
+                i.requires_grad for i in node.inputs)
+
+
+def grad_graph(graph, wrt=None) -> Graph:
+    """Forward and backward of `graph` as one graph (symbolic reverse mode).
+
+    Its inputs are `graph`'s inputs, then one seed gradient per output (the gradient of
+    the final loss with respect to that output); its outputs are `graph`'s outputs, then
+    the gradient with respect to each node of `wrt` (default: the inputs that require
+    grad), zeros where it does not depend on them. The vjp rules are the eager ones,
+    run by a `GraphEmitter`. Marks `requires_grad` on `graph`'s nodes.
+    """
+    wrt = [n for n in graph.inputs if n.requires_grad] if wrt is None else list(wrt)
+    mark_requires_grad(graph, wrt)
+    e = GraphEmitter()
+    seeds = [Node("input", (), {}, o.shape, o.dtype) for o in graph.outputs]
+    found = {}
+    wanted = {id(n) for n in wrt}
+
+    def sink(node, g):
+        if id(node) in wanted:
+            found[id(node)] = g
+
+    backward(graph.outputs, seeds, e, lambda n: n, sink)
+    grads = [found.get(id(n)) or e("expand", e.const(0, like=n), shape=tuple(n.shape))
+             for n in wrt]
+    grads = [g if g.dtype == n.dtype else e("cast", g, dtype=str(n.dtype))
+             for g, n in zip(grads, wrt)]
+    outputs = list(graph.outputs) + grads
+    inputs = list(graph.inputs) + seeds
+    used = {id(n) for n in collect(outputs)}
+    nodes = [n for n in inputs if id(n) not in used] + collect(outputs)
+    return Graph(nodes, inputs, outputs)

@@ -15,6 +15,7 @@ import weakref
 import numpy as np
 
 from compiler import dtypes as cd
+from compiler.emitter import Emitter
 from compiler.errors import OpError, describe
 from compiler.ir import Node
 from compiler.ops import REGISTRY, Trait
@@ -259,17 +260,14 @@ def unary(name: str, x):
     return unary_op(name)(x)
 
 
-class EagerEmitter:
-    """The op emitter vjp rules call when gradients are computed eagerly."""
+class EagerEmitter(Emitter):
+    """The op emitter vjp rules call when gradients are computed eagerly: its values are
+    tensors, its ops run through `apply` (so with history under create_graph)."""
 
-    def __call__(self, name, *vals, **attrs):
-        T = Tensor
-        if all(isinstance(v, T) for v in vals):
-            return apply(name, vals, attrs)
-        like = next((v for v in vals if isinstance(v, T) and v._data.dtype.kind != "b"),
-                    next(v for v in vals if isinstance(v, T)))
-        dt = like._data.dtype
-        return apply(name, [v if isinstance(v, T) else dt.type(v) for v in vals], attrs)
+    value_type = Tensor
+
+    def op(self, name, vals, attrs):
+        return apply(name, vals, attrs)
 
     def const(self, value, like):
         """A 0-d constant with `like`'s dtype."""
