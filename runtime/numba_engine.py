@@ -56,7 +56,7 @@ class CompiledKernel:
         if not self.compiled:
             start = time.perf_counter()
             try:
-                out = _first_run(self.fn, self.program, arrays)
+                out = with_blas_threads(self.fn, self.program)(*arrays)
             except Exception:
                 if not self.from_disk:
                     raise
@@ -64,7 +64,8 @@ class CompiledKernel:
                 _discard_disk_entry(self.filename)
                 self.fn = _in_memory(self.program).fn
                 self.from_disk = False
-                out = _first_run(self.fn, self.program, arrays)
+                out = with_blas_threads(self.fn, self.program)(*arrays)
+            blas.configure()  # (Numba calls SciPy's BLAS, loaded by the compile)
             self.compile_seconds = time.perf_counter() - start
             self.compiled = True
             self.jitted, self.fn = self.fn, with_blas_threads(self.fn, self.program)
@@ -86,24 +87,16 @@ class CompiledKernel:
 
 
 def with_blas_threads(fn, program):
-    """`fn`, preceded by the BLAS thread choice (`compiler.blas`) when the program's
-    kernels call BLAS: its threads for a program holding a large product, else one."""
+    """`fn`, preceded by the BLAS thread choice for the program (`compiler.blas`) when
+    its kernels call BLAS: BLAS's threads for a large program, else one."""
     if not getattr(program, "uses_blas", False):
         return fn
-    large, use = bool(getattr(program, "large_products", False)), blas.use_threads
+    large, choose = bool(getattr(program, "large_products", False)), blas.kernel_threads
 
     def call(*arrays):
-        use(large)
+        choose(large)
         return fn(*arrays)
     return call
-
-
-def _first_run(fn, program, arrays):
-    """The first call (it compiles or loads): with the BLAS choice, which then also
-    covers the BLAS library Numba has loaded."""
-    out = with_blas_threads(fn, program)(*arrays)
-    blas.configure()  # (Numba calls SciPy's BLAS, loaded by the compile)
-    return out
 
 
 def _options(program) -> dict:
@@ -340,7 +333,8 @@ class SplitKernel:
         if self.compiled:
             return self.fn(*arrays)
         start = time.perf_counter()
-        out = _first_run(self.fn, self.program, arrays)
+        out = with_blas_threads(self.fn, self.program)(*arrays)
+        blas.configure()
         self.compile_seconds = time.perf_counter() - start
         self._bind(direct=True)
         self.compiled = True

@@ -32,50 +32,78 @@ def test_import_puts_blas_on_one_thread():
     assert blas.threads() and _now() == {1}
 
 
-def test_macs_counts_multiply_adds_with_batch():
+def test_macs_counts_one_blas_call():
     assert blas.macs((32, 128), (128, 64)) == 32 * 128 * 64
-    assert blas.macs((5, 32, 128), (128, 64)) == 5 * 32 * 128 * 64
-    assert blas.macs((32, 128), (5, 128, 64)) == 5 * 32 * 128 * 64
+    assert blas.macs((5, 32, 128), (128, 64)) == 32 * 128 * 64  # (BLAS runs per item)
     assert blas.macs((128,), (128, 4)) == 128 * 4
+    assert blas.macs((4, 128), (128,)) == 4 * 128
+
+
+def test_a_kernel_is_large_when_large_products_dominate():
+    mlp = [((64, 784), (784, 256)), ((64, 256), (256, 256)), ((64, 256), (256, 10))]
+    rnn = [((2048, 128), (128, 128))] + [((32, 128), (128, 128))] * 64
+    assert blas.kernel_is_large(mlp)
+    assert not blas.kernel_is_large(rnn)  # half its work is in small recurrent products
+    assert not blas.kernel_is_large([])
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Threads seen inside each threaded call."""
+    seen, original = [], blas.threaded
+
+    def threaded(fn, *args):
+        def probe(*a):
+            seen.append(set(blas.threads().values()))
+            return fn(*a)
+        return original(probe, *args)
+    monkeypatch.setattr(blas, "threaded", threaded)
+    return seen
 
 
 @pytest.mark.usefixtures("two_threads")
-def test_eager_products_choose_threads_by_size():
-    small = hn.randn(32, 128) @ hn.randn(128, 128)
-    assert _now() == {1}
+def test_eager_products_choose_threads_by_size(spy):
+    hn.randn(32, 128) @ hn.randn(128, 128)
+    assert spy == []
     big_a, big_b = hn.randn(256, 256), hn.randn(256, 256)  # 2**24 multiply-adds
     big = big_a @ big_b
-    assert _now() == {2}
-    hn.randn(8, 8) @ hn.randn(8, 8)  # back to one thread for the next small product
-    assert _now() == {1}
+    assert spy == [{2}] and _now() == {1}  # back to one thread after the product
     np.testing.assert_allclose(big.numpy(), big_a.numpy() @ big_b.numpy(), rtol=1e-4)
-    assert small.shape == (32, 128)
+    hn.tensor(np.ones((256, 256), np.int64)) @ hn.tensor(np.ones((256, 256), np.int64))
+    assert len(spy) == 1  # (integer products do not use BLAS)
 
 
 @pytest.mark.usefixtures("two_threads")
-def test_backward_products_follow_the_rule():
+def test_backward_products_follow_the_rule(spy):
     w = hn.randn(256, 256, requires_grad=True)
     x = hn.randn(256, 256)
-    (x @ w).sum().backward()  # the vjp's products are large too
-    assert _now() == {2}
+    (x @ w).sum().backward()
+    assert spy == [{2}, {2}] and _now() == {1}  # the forward and the vjp's product
     np.testing.assert_allclose(w.grad.numpy(), x.numpy().T @ np.ones((256, 256), np.float32),
                                rtol=1e-4)
 
 
+def _kernel_threads():
+    return {n for p, n in blas.threads().items() if "numpy" not in p}
+
+
 @pytest.mark.usefixtures("two_threads")
-def test_compiled_kernels_choose_threads_by_size():
+def test_compiled_kernels_choose_threads_by_size(spy):
     layer = hn.trace(lambda x, w: hn.relu(x @ w.T))
     small = hn.trace(lambda x, w: hn.relu(x @ w.T))
     x, w = hn.randn(64, 784), hn.randn(256, 784)
     xs, ws = hn.randn(32, 128), hn.randn(128, 128)  # a small product through BLAS
     with hn.no_grad():
-        for _ in range(3):
-            out = layer(x, w)
-            assert _now() == {2}
+        for i in range(4):
+            out = layer(x, w)  # (the first call runs eagerly; the second compiles)
+            assert i < 2 or _kernel_threads() == {2}  # (SciPy's BLAS loads at the compile)
             small(xs, ws)
-            assert _now() == {1}
-    assert layer.stats.compiled_calls >= 1 and small.stats.compiled_calls >= 1
-    assert "np.dot" in small.source  # (it does call BLAS)
+            assert i < 2 or _kernel_threads() == {1}
+    assert _kernel_threads() == {1}
+    assert layer.stats.compiled_calls >= 2 and small.stats.compiled_calls >= 2
+    assert "np.dot" in small.source and "# BLAS: its threads" in layer.source
+    assert "# BLAS" not in small.source
+    assert spy == [{2}]  # (the eager first call: NumPy's BLAS, for that product only)
     np.testing.assert_allclose(out.numpy(), np.maximum(x.numpy() @ w.numpy().T, 0),
                                rtol=1e-4, atol=1e-4)
 
@@ -89,7 +117,13 @@ def test_every_product_threaded_restores_the_rule():
     assert _now() == {1} and blas._wide[0] == 2
 
 
-@pytest.mark.parametrize("value,expected", [("3", {3}), ("keep", None)])
+def test_a_product_that_raises_leaves_one_thread():
+    with pytest.raises(ValueError):
+        blas.threaded(np.matmul, np.ones((3, 4)), np.ones((5, 6)))
+    assert _now() == {1}
+
+
+@pytest.mark.parametrize("value,expected", [("3", {3}), ("keep", None), ("KEEP", None)])
 def test_the_environment_fixes_or_keeps_the_thread_count(value, expected):
     code = ("import numpy, threadpoolctl; c = threadpoolctl.ThreadpoolController(); "
             "before = {l.num_threads for l in c.select(user_api='blas').lib_controllers}; "
@@ -104,3 +138,10 @@ def test_the_environment_fixes_or_keeps_the_thread_count(value, expected):
     assert proc.returncode == 0, proc.stderr
     before, now = proc.stdout.strip().split("} {")
     assert now.strip("{}") == (before.strip("{}") if expected is None else "3")
+
+
+def test_a_bad_environment_value_is_named_at_import():
+    env = dict(os.environ, PYTHONPATH=ROOT, HYBRIDNET_BLAS_THREADS="1.5")
+    proc = subprocess.run([sys.executable, "-c", "import hybridnet"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "HYBRIDNET_BLAS_THREADS='1.5'" in proc.stderr

@@ -218,6 +218,7 @@ _BETTER = {"argmax": ">", "argmin": "<"}
 _OPERAND_COST = {"cat": 8}
 _DRIVER_ABOVE = {"cat": 8}
 _FRESH_2D = frozenset({"matmul"})
+_PRODUCTS = frozenset({"matmul"})  # rules that call BLAS (np.dot)
 
 
 def operand_cost(node) -> int:
@@ -231,15 +232,15 @@ def run_by_driver(node) -> bool:
     return limit is not None and len(node.inputs) > limit
 
 
-# First line of a program holding a large product (part of its source, so of its kernel
-# cache key: a kernel is shared only by programs making the same thread choice).
-BLAS_THREADED = "# BLAS: its threads (a product of >= compiler.blas.LARGE_MACS multiply-adds)\n"
+# First line of a program that runs with BLAS's threads (part of its source, so of its
+# kernel cache key: a kernel is shared only by programs making the same thread choice).
+BLAS_THREADED = "# BLAS: its threads (most multiply-adds in products >= compiler.blas.LARGE_MACS)\n"
 
 
 def large_product(graph) -> bool:
-    """Does the graph hold a matrix product BLAS should run on several threads?"""
-    return any(node.op in _FRESH_2D and blas.macs(node.inputs[0].shape, node.inputs[1].shape)
-               >= blas.LARGE_MACS for node in graph.nodes)
+    """Should the graph's kernel run with BLAS's threads (`compiler.blas.kernel_is_large`)?"""
+    return blas.kernel_is_large([(n.inputs[0].shape, n.inputs[1].shape) for n in graph.nodes
+                                 if n.op in _PRODUCTS and n.dtype.kind == "f"])
 
 
 def fresh_output(node) -> bool:
