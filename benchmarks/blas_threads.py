@@ -6,7 +6,9 @@ on a quiet machine and next to a busy process.
 Rows: a (32,128) x (128,128).T product (an RNN's hidden update), an eager tanh-RNN
 forward and backward over 64 steps (batch 32, input 64, hidden 128), a compiled
 (64,784)x(784,256) layer, a compiled nn.RNN(128, 128) over 64 steps (one large input
-projection, 64 small recurrent products), and a 512^3 product. Columns: "rule" is
+projection, 64 small recurrent products), a (256,128)x(128,128) product (4.2 million
+multiply-adds: below the threshold, where a quiet machine loses the second thread's
+gain), and a 512^3 product. Columns: "rule" is
 hybridnet's default (one BLAS thread below compiler.blas.LARGE_MACS multiply-adds per
 BLAS call, BLAS's threads above; a kernel gets them when most of its work is large),
 "all threads" lets every product use BLAS's threads (what NumPy does by default).
@@ -38,6 +40,7 @@ def _cases():
     wh = hn.tensor(rng.standard_normal((128, 128)).astype(np.float32) * 0.1,
                    requires_grad=True)
     big_a = hn.tensor(rng.standard_normal((512, 512)).astype(np.float32))
+    mid = hn.tensor(rng.standard_normal((256, 128)).astype(np.float32))
     x = hn.tensor(rng.standard_normal((64, 784)).astype(np.float32))
     w1 = hn.tensor(rng.standard_normal((256, 784)).astype(np.float32))
     layer = hn.trace(lambda x, w: hn.relu(x @ w.T))
@@ -62,6 +65,7 @@ def _cases():
     return {"(32,128)x(128,128).T": lambda: h @ w.T, "eager RNN fwd+bwd, 64 steps": rnn,
             "compiled (64,784)x(784,256) layer": compiled_layer,
             "compiled nn.RNN, 64 steps": compiled_rnn,
+            "(256,128)x(128,128).T (4.2M, below)": lambda: mid @ w.T,
             "512x512x512 product": lambda: big_a @ big_a}
 
 

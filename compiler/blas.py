@@ -4,9 +4,12 @@ count only for large ones (PyTorch, too, threads only large ops).
 Why: on a 2-core machine with another process busy, OpenBLAS's worker threads wait for
 a core the neighbour holds; a (32,128)x(128,128) product then takes several times longer
 with 2 threads than with 1, and an eager RNN backward over 64 steps was 1.5x slower.
-A single BLAS call of `LARGE_MACS` multiply-adds or more gains from a second thread even
-with a busy neighbour (measured in `benchmarks/blas_threads.py`), so it gets BLAS's
-threads. Size is per BLAS call (m*k*n): a batched product calls BLAS once per item.
+Measured here, a second thread makes products of 2-8 million multiply-adds 1.4x
+faster on a quiet machine but 1.2-1.5x slower next to a busy process; from about 12
+million it wins in both. So a BLAS call of `LARGE_MACS` (10^7) multiply-adds or more gets
+BLAS's threads, and a smaller one runs on one thread whatever the neighbours do
+(`benchmarks/blas_threads.py`). Size is per BLAS call (m*k*n): a batched product calls
+BLAS once per item.
 
 `configure()` puts every BLAS library on one thread (run by `import hybridnet`, and
 again by the Numba engine once Numba has loaded SciPy's BLAS). Eager products use
@@ -29,7 +32,7 @@ import os
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-LARGE_MACS = 1 << 22  # multiply-adds of one BLAS call from which it gets BLAS's threads
+LARGE_MACS = 10_000_000  # multiply-adds of one BLAS call from which it gets BLAS's threads
 
 _libs = []  # threadpoolctl controllers of the BLAS libraries configured
 _paths = set()
@@ -126,12 +129,12 @@ def kernel_threads(large: bool) -> None:
 
 def kernel_is_large(products) -> bool:
     """Should a kernel holding `products` ((a_shape, b_shape) pairs) run with BLAS's
-    threads? When at least 3/4 of its multiply-adds are in large BLAS calls: an RNN's
+    threads? When at least 2/3 of its multiply-adds are in large BLAS calls: an RNN's
     one large input projection beside its many small recurrent products is not."""
     sizes = [(macs(a, b), _batch(a, b)) for a, b in products]
     total = sum(m * k for m, k in sizes)
     large = sum(m * k for m, k in sizes if m >= LARGE_MACS)
-    return total > 0 and 4 * large >= 3 * total
+    return total > 0 and 3 * large >= 2 * total
 
 
 def _batch(a_shape, b_shape) -> int:
