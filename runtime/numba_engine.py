@@ -42,15 +42,13 @@ class CompiledKernel:
         self.compile_seconds = 0.0
         self.compiled = False
         self.from_disk = False
+        self._jitted = None
 
     @property
     def jitted(self):
-        """The Numba dispatcher (`fn` may be it, or it behind the BLAS thread choice)."""
-        return self.__dict__.get("_jitted", self.fn)
-
-    @jitted.setter
-    def jitted(self, value):
-        self.__dict__["_jitted"] = value
+        """The Numba dispatcher (`fn` is it, or once compiled it behind the BLAS thread
+        choice of a kernel that calls BLAS)."""
+        return self._jitted or self.fn
 
     def __call__(self, *arrays):
         if not self.compiled:
@@ -68,7 +66,7 @@ class CompiledKernel:
             blas.configure()  # (Numba calls SciPy's BLAS, loaded by the compile)
             self.compile_seconds = time.perf_counter() - start
             self.compiled = True
-            self.jitted, self.fn = self.fn, with_blas_threads(self.fn, self.program)
+            self._jitted, self.fn = self.fn, with_blas_threads(self.fn, self.program)
             return out
         return self.fn(*arrays)
 
