@@ -10,7 +10,9 @@ them is a later refinement.
 
 from dataclasses import dataclass
 
+from .autodiff import grad_graph
 from .ir import Graph, Node, collect
+from .passes.manager import optimize
 
 
 @dataclass
@@ -84,3 +86,12 @@ def _const(node, copy, nodes) -> Node:
     new = copy[id(node)] = Node("const", (), dict(node.attrs), node.shape, node.dtype)
     nodes.append(new)
     return new
+
+
+def split_gradient(graph: Graph, wrt) -> tuple:
+    """Forward and backward of `graph` with respect to the nodes `wrt`, optimized
+    together (constant folding, simplification and CSE see both; dead values go), then
+    split: returns `(Split, pass report)`."""
+    joint = grad_graph(graph, wrt)
+    optimized, report = optimize(joint)
+    return partition(optimized, len(graph.outputs), len(graph.outputs)), report

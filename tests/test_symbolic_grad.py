@@ -199,3 +199,19 @@ def test_an_mlps_forward_and_backward_compile_and_match_the_interpreter():
     eager = hn.grad(outs, tensors[1:5])
     for a, b in zip(bwd, eager):
         np.testing.assert_allclose(a, b._data, rtol=1e-4, atol=1e-5)
+
+
+def test_an_optimized_split_of_an_mlp_compiles_and_matches_eager():
+    from compiler.partition import split_gradient
+    rng = np.random.default_rng(2)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in
+              [(8, 10), (16, 10), (16,), (3, 16), (3,)]] + [rng.integers(0, 3, 8)]
+    tensors, outs, graph = _record(_mlp, arrays, [1, 2, 3, 4])
+    split, report = split_gradient(graph, [t._node for t in tensors[1:5]])
+    assert {r["name"] for r in report} == {"constfold", "simplify", "cse", "dce"}
+    fed = [n.value for n in graph.inputs]
+    fwd = _compiled(split.forward)(*fed)
+    np.testing.assert_allclose(fwd[0], outs[0]._data, rtol=1e-6)
+    grads = _compiled(split.backward)(*fwd[1:], np.ones((), np.float32))
+    for g, t in zip(grads, hn.grad(outs, tensors[1:5])):
+        np.testing.assert_allclose(g, t._data, rtol=1e-4, atol=1e-5)
