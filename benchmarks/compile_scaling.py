@@ -31,9 +31,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 _CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, {here!r})
+sys.path.insert(0, {examples!r})
 import numpy as np
 import hybridnet as hn
 from _common import median_time
+from time_sequence import Sequence, sine_wave
 
 def rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -53,28 +55,9 @@ def rnn(steps):
         return h
     return step_all, (x, w, u, b)
 
-class Sequence(hn.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lstm1 = hn.nn.LSTMCell(1, 51, dtype=np.float64)
-        self.lstm2 = hn.nn.LSTMCell(51, 51, dtype=np.float64)
-        self.linear = hn.nn.Linear(51, 1, dtype=np.float64)
-
-    def forward(self, x):
-        zeros = lambda: hn.zeros(x.shape[0], 51, dtype=np.float64)
-        h, c, h2, c2 = zeros(), zeros(), zeros(), zeros()
-        outputs = []
-        for t in range(x.shape[1]):
-            h, c = self.lstm1(x[:, t:t + 1], (h, c))
-            h2, c2 = self.lstm2(h, (h2, c2))
-            outputs.append(self.linear(h2))
-        return hn.cat(outputs, 1)
-
 def lstm(steps):
     hn.manual_seed(0)
-    model = Sequence()
-    x = hn.tensor(np.sin(np.arange(10 * steps, dtype=np.float64).reshape(10, steps) / 20.0))
-    return model, (x,)
+    return Sequence(), (sine_wave(steps),)
 
 fn, args = {kind}({steps})
 base = rss_mb()
@@ -102,7 +85,8 @@ print("ROW " + json.dumps(row))
 
 def run_child(kind, steps, cache_dir, timing, env_extra=None, timeout=900):
     """One fresh process: the row it measured (or a row with 'error')."""
-    code = _CHILD.format(here=HERE, kind=kind, steps=steps, timing=timing)
+    code = _CHILD.format(here=HERE, examples=os.path.join(os.path.dirname(HERE), "examples"),
+                         kind=kind, steps=steps, timing=timing)
     env = dict(os.environ, HYBRIDNET_CACHE_DIR=cache_dir, **(env_extra or {}))
     try:
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -27,29 +27,14 @@ _LSTM = textwrap.dedent("""
     import json, resource, sys
     import numpy as np
     import hybridnet as hn
-
-    class Sequence(hn.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lstm1 = hn.nn.LSTMCell(1, 51, dtype=np.float64)
-            self.lstm2 = hn.nn.LSTMCell(51, 51, dtype=np.float64)
-            self.linear = hn.nn.Linear(51, 1, dtype=np.float64)
-
-        def forward(self, x):
-            zeros = lambda: hn.zeros(x.shape[0], 51, dtype=np.float64)
-            h, c, h2, c2 = zeros(), zeros(), zeros(), zeros()
-            outputs = []
-            for t in range(x.shape[1]):
-                h, c = self.lstm1(x[:, t:t + 1], (h, c))
-                h2, c2 = self.lstm2(h, (h2, c2))
-                outputs.append(self.linear(h2))
-            return hn.cat(outputs, 1)
+    sys.path.insert(0, {examples!r})
+    from time_sequence import Sequence, sine_wave
 
     rows = []
     for steps in map(int, sys.argv[1:]):
         hn.manual_seed(steps)
         model = Sequence()
-        x = hn.tensor(np.sin(np.arange(10 * steps, dtype=np.float64).reshape(10, steps) / 20))
+        x = sine_wave(steps)
         traced = hn.trace(model)
         with hn.no_grad():
             expected = model(x).numpy()
@@ -68,7 +53,7 @@ _LSTM = textwrap.dedent("""
             disk_hits=sum(p.cache_hits for p in parts),
             peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
     print("ROWS " + json.dumps(rows))
-""")
+""").format(examples=os.path.join(ROOT, "examples"))
 
 
 def _rss_mb(pid):

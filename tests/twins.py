@@ -213,16 +213,22 @@ def labelled(args, state):
                 for pi, p in enumerate(group["params"]):
                     for key, v in obj.state.get(p, {}).items():
                         visit(v, f"{label}.state[{gi}][{pi}][{key!r}]")
-        elif isinstance(obj, dict):
-            for k, v in obj.items():
-                visit(v, f"{label}[{k!r}]")
-        elif isinstance(obj, (list, tuple)):
-            for k, v in enumerate(obj):
-                visit(v, f"{label}[{k}]")
+        else:
+            _visit_items(obj, label, visit)
 
     visit(args, "args")
     visit(state, "state")
     return found
+
+
+def _visit_items(obj, label, visit):
+    """visit(item, label) for the items of a dict, list or tuple (nothing otherwise)."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            visit(v, f"{label}[{k!r}]")
+    elif isinstance(obj, (list, tuple)):
+        for k, v in enumerate(obj):
+            visit(v, f"{label}[{k}]")
 
 
 def replaced(before, after):
@@ -242,12 +248,8 @@ def identity(out, args, state):
         if isinstance(obj, hn.Tensor):
             sig.append((label, names.get(id(obj)) or seen.get(id(obj)) or "new"))
             seen.setdefault(id(obj), label)
-        elif isinstance(obj, dict):
-            for k, v in obj.items():
-                visit(v, f"{label}[{k!r}]")
-        elif isinstance(obj, (list, tuple)):
-            for k, v in enumerate(obj):
-                visit(v, f"{label}[{k}]")
+        else:
+            _visit_items(obj, label, visit)
 
     visit(out, "out")
     return sig
