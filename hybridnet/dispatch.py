@@ -255,11 +255,6 @@ def binary(name: str, a, b):
     return binary_op(name)(a, b)
 
 
-def unary(name: str, x):
-    """Unary op `name` on `x` (see `unary_op`)."""
-    return unary_op(name)(x)
-
-
 class EagerEmitter(Emitter):
     """The op emitter vjp rules call when gradients are computed eagerly: its values are
     tensors, its ops run through `apply` (so with history under create_graph)."""
