@@ -33,7 +33,9 @@ class TraceRecorder(Recorder, TraceHooks):
     def __init__(self):
         super().__init__()
         self.created = {}  # id(tensor) -> tensor, for tensors built during the call
-        self.literals = set()  # ids of created tensors that are deterministic constants
+        # id -> the value a created tensor had when it was built from literals (a copy: an
+        # in-place op later in the call writes into the tensor's own buffer)
+        self.literals = {}
         self.guards = []
         self.reasons = []
         self.mutated = []  # tensors rebound by in-place ops, in order
@@ -54,7 +56,7 @@ class TraceRecorder(Recorder, TraceHooks):
 
     def note_literal(self, t):
         self.created[id(t)] = t
-        self.literals.add(id(t))
+        self.literals[id(t)] = t._data.copy()
 
     def is_literal(self, t) -> bool:
         return id(t) in self.literals

@@ -289,3 +289,46 @@ def test_helper_of_a_script_reading_a_global_is_guarded(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=300, check=True).stdout
     assert out.strip().splitlines()[-1] == "[3.0, 3.0]"
+
+
+# ---- a tensor made inside the call from literals, then updated in place ---------------
+# The trace bakes such a tensor in as a constant; it used to copy its buffer after the
+# call, when in-place ops had already written their results into it, so the compiled
+# call started from the first call's final value (an accumulator loop doubled up).
+
+
+@pytest.mark.parametrize("name,body", [
+    ("accumulator +=", lambda x: _accumulate(hn.zeros(3), x)),
+    ("add_", lambda x: hn.zeros(3).add_(x)),
+    ("mul_", lambda x: hn.ones(3).mul_(x).mul_(x)),
+    ("sub_ of a literal list", lambda x: hn.tensor([1.0, 2.0, 3.0]).sub_(x)),
+    ("zeros_like then +=", lambda x: _accumulate(hn.zeros_like(x), x * 2.0)),
+])
+def test_a_literal_updated_in_place_starts_from_its_built_value(name, body):
+    traced = hn.trace(body)
+    with hn.no_grad():
+        for v in (1.0, 2.0, 3.0, 5.0):
+            x = hn.full((3,), v)
+            np.testing.assert_array_equal(traced(x).numpy(), body(x).numpy(), err_msg=name)
+    assert traced.stats.compiled_calls >= 2
+
+
+def _accumulate(s, x):
+    for k in range(3):
+        s += x * float(k)
+    return s
+
+
+def test_a_grad_built_from_zeros_like_and_accumulated_in_place():
+    bias = hn.nn.Parameter(hn.zeros(2))
+
+    def step(x):
+        bias.grad = hn.zeros_like(bias)
+        bias.grad.add_(x.sum())
+
+    traced = hn.trace(step)
+    with hn.no_grad():
+        for v in (1.0, 2.0, 3.0):
+            traced(hn.full((3,), v))
+            np.testing.assert_array_equal(bias.grad.numpy(), [3.0 * v] * 2)
+    assert traced.stats.compiled_calls >= 1

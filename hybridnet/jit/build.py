@@ -149,7 +149,7 @@ class _Builder:
             if id(t) not in self.rec.literals:
                 raise Untraceable("a tensor was built from values the JIT cannot see (for "
                                   "example from t.numpy() or Python values read from tensors)")
-            value = np.array(t._data, copy=True)
+            value = self.rec.literals[id(t)]  # (its value when built, not after updates)
             node = Node("const", (), {"value": value.item() if value.ndim == 0 else value,
                                       "dtype": str(value.dtype)}, value.shape, value.dtype)
             self.mapping[id(tape_node)] = node
