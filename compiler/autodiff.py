@@ -11,27 +11,45 @@ from .ir import Graph, Node, collect
 from .registry import REGISTRY, Trait, sum_to
 
 
-def reachable(roots) -> list:
+def reachable(roots, stop=frozenset()) -> list:
     """Nodes that require grad and reach `roots`, every node before its inputs (a reverse
-    topological order: the walk never relies on creation order, which passes break)."""
+    topological order: the walk never relies on creation order, which passes break).
+    The inputs of nodes in `stop` (ids) are not walked."""
     order, seen = [], set()
     for root in roots:
         if not root.requires_grad or id(root) in seen:
             continue
         seen.add(id(root))
-        stack = [(root, iter(root.inputs))]
+        stack = [(root, iter(() if id(root) in stop else root.inputs))]
         while stack:
             node, pending = stack[-1]
             for inp in pending:
                 if inp.requires_grad and id(inp) not in seen:
                     seen.add(id(inp))
-                    stack.append((inp, iter(inp.inputs)))
+                    stack.append((inp, iter(() if id(inp) in stop else inp.inputs)))
                     break
             else:
                 stack.pop()
                 order.append(node)  # after all its inputs: post-order
     order.reverse()
     return order
+
+
+class OwnBackward:
+    """A node that brings its own backward instead of a registry vjp: a compiled call
+    (many outputs, one backward) and its per-output projections.
+
+    `merge(e, old, g)`: the pending gradient after `g` arrives (old: None or what came
+    before); `route(e, g, value_of)`: (input node, gradient) pairs for the node's inputs.
+    """
+
+    __slots__ = ()
+
+    def merge(self, e, old, g):
+        return g if old is None else e("add", old, g)
+
+    def route(self, e, g, value_of):
+        raise NotImplementedError
 
 
 def _input_grads(node, opdef, e, g, ins, out):
@@ -50,23 +68,32 @@ def _input_grads(node, opdef, e, g, ins, out):
     return grads
 
 
-def backward(roots, root_grads, e, value_of, sink, check=None) -> list:
+def backward(roots, root_grads, e, value_of, sink, check=None, stop=frozenset()) -> list:
     """Propagate `root_grads` from `roots` back through the graph.
 
     e: the op emitter; value_of(node): the value a vjp sees for node;
-    sink(node, grad): receives each node's total gradient (leaves stop there);
-    check(node): raises if node's saved values are gone or were modified.
-    Returns the nodes visited, latest first.
+    sink(node, grad): receives each node's total gradient (leaves stop there, and so do
+    the nodes whose ids are in `stop`); check(node): raises if node's saved values are
+    gone or were modified. Returns the nodes visited, latest first.
     """
     pending = {}
     for root, g in zip(roots, root_grads):
         _accumulate(pending, e, root, g)
-    order = reachable(roots)
+    order = reachable(roots, stop)
     for node in order:
         g = pending.pop(id(node), None)
         if g is None:
             continue
         sink(node, g)
+        if id(node) in stop:
+            continue
+        if isinstance(node, OwnBackward):
+            if check is not None:
+                check(node)
+            for inp, gi in node.route(e, g, value_of):
+                if gi is not None and inp.requires_grad:
+                    _accumulate(pending, e, inp, gi)
+            continue
         opdef = REGISTRY[node.op]
         if Trait.SOURCE in opdef.traits or not opdef.differentiable:
             continue
@@ -83,7 +110,10 @@ def backward(roots, root_grads, e, value_of, sink, check=None) -> list:
 
 def _accumulate(pending, e, node, g):
     old = pending.get(id(node))
-    pending[id(node)] = g if old is None else e("add", old, g)
+    if isinstance(node, OwnBackward):
+        pending[id(node)] = node.merge(e, old, g)
+    else:
+        pending[id(node)] = g if old is None else e("add", old, g)
 
 
 def mark_requires_grad(graph, wrt) -> None:
@@ -98,19 +128,38 @@ def mark_requires_grad(graph, wrt) -> None:
                 i.requires_grad for i in node.inputs)
 
 
-def grad_graph(graph, wrt=None) -> Graph:
+def inputs_read_by_vjps(graph) -> list:
+    """Positions of the inputs of `graph` (marked by `mark_requires_grad`) whose values a
+    vjp reads, directly or through movement ops: eager autograd checks their versions."""
+    position = {id(n): i for i, n in enumerate(graph.inputs)}
+    found = set()
+    for node in graph.nodes:
+        if node.is_source or not node.requires_grad or "in" not in REGISTRY[node.op].saves:
+            continue
+        for inp in node.inputs:
+            while not inp.is_source and REGISTRY[inp.op].has(Trait.MOVEMENT) and \
+                    len(inp.inputs) == 1:
+                inp = inp.inputs[0]
+            if id(inp) in position:
+                found.add(position[id(inp)])
+    return sorted(found)
+
+
+def grad_graph(graph, wrt=None, seeded=None) -> Graph:
     """Forward and backward of `graph` as one graph (symbolic reverse mode).
 
-    Its inputs are `graph`'s inputs, then one seed gradient per output (the gradient of
-    the final loss with respect to that output); its outputs are `graph`'s outputs, then
-    the gradient with respect to each node of `wrt` (default: the inputs that require
-    grad), zeros where it does not depend on them. The vjp rules are the eager ones,
-    run by a `GraphEmitter`. Marks `requires_grad` on `graph`'s nodes.
+    Its inputs are `graph`'s inputs, then one seed gradient per seeded output (the
+    gradient of the final loss with respect to that output; `seeded`: output positions,
+    default all); its outputs are `graph`'s outputs, then the gradient with respect to
+    each node of `wrt` (default: the inputs that require grad), zeros where it does not
+    depend on them. The vjp rules are the eager ones, run by a `GraphEmitter`. Marks
+    `requires_grad` on `graph`'s nodes.
     """
     wrt = [n for n in graph.inputs if n.requires_grad] if wrt is None else list(wrt)
     mark_requires_grad(graph, wrt)
     e = GraphEmitter()
-    seeds = [Node("input", (), {}, o.shape, o.dtype) for o in graph.outputs]
+    roots = list(graph.outputs) if seeded is None else [graph.outputs[k] for k in seeded]
+    seeds = [Node("input", (), {}, o.shape, o.dtype) for o in roots]
     found = {}
     wanted = {id(n) for n in wrt}
 
@@ -118,7 +167,7 @@ def grad_graph(graph, wrt=None) -> Graph:
         if id(node) in wanted:
             found[id(node)] = g
 
-    backward(graph.outputs, seeds, e, lambda n: n, sink)
+    backward(roots, seeds, e, lambda n: n, sink)
     grads = [found.get(id(n)) or e("expand", e.const(0, like=n), shape=tuple(n.shape))
              for n in wrt]
     grads = [g if g.dtype == n.dtype else e("cast", g, dtype=str(n.dtype))

@@ -46,7 +46,7 @@ class Node:
     @property
     def is_source(self) -> bool:
         """True for graph leaves (inputs and constants)."""
-        return Trait.SOURCE in REGISTRY[self.op].traits
+        return Trait.SOURCE in self.opdef.traits
 
     def type_str(self) -> str:
         """'float32[3, 4]'."""

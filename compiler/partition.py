@@ -88,10 +88,12 @@ def _const(node, copy, nodes) -> Node:
     return new
 
 
-def split_gradient(graph: Graph, wrt) -> tuple:
-    """Forward and backward of `graph` with respect to the nodes `wrt`, optimized
-    together (constant folding, simplification and CSE see both; dead values go), then
-    split: returns `(Split, pass report)`."""
-    joint = grad_graph(graph, wrt)
+def split_gradient(graph: Graph, wrt, seeded=None) -> tuple:
+    """Forward and backward of `graph` with respect to the nodes `wrt` (seeding the
+    outputs at positions `seeded`, default all), optimized together (constant folding,
+    simplification and CSE see both; dead values go), then split: returns
+    `(Split, pass report)`."""
+    joint = grad_graph(graph, wrt, seeded)
     optimized, report = optimize(joint)
-    return partition(optimized, len(graph.outputs), len(graph.outputs)), report
+    n_seeds = len(graph.outputs) if seeded is None else len(seeded)
+    return partition(optimized, len(graph.outputs), n_seeds), report

@@ -8,9 +8,9 @@ from compiler import autodiff
 from compiler.errors import ShapeError
 from compiler.ir import Graph
 
-from ._state import STATE, note_untraceable
-from .dispatch import CLOSED, EMIT, node_of
-from .tensor import Tensor, make, wrap
+from ._state import STATE
+from .dispatch import CLOSED, EMIT, cast, node_of
+from .tensor import Tensor, literal, make, version_counter, wrap
 
 
 class _GradMode:
@@ -82,6 +82,8 @@ def _check_saved(node):
 def _value_of(create_graph):
     if create_graph:
         return lambda node: make(node.value, node.requires_grad, node)
+    if STATE.tracer is not None:  # the backward's ops read the forward's recorded values
+        return lambda node: make(node.value, False, node)
     return lambda node: wrap(node.value)
 
 
@@ -97,14 +99,15 @@ def _root_grads(outputs, grad_outputs, op_name):
                     f"{op_name}: grad can be implicitly created only for scalar outputs; "
                     f"output {i} has shape {list(out.shape)} (from '{out._node.op}'); pass "
                     f"gradient= of that shape")
-            g = wrap(np.ones(out.shape, out._data.dtype))
+            g = literal(np.ones(out.shape, out._data.dtype))
         else:
-            g = g if isinstance(g, Tensor) else wrap(np.asarray(g, out._data.dtype))
+            g = g if isinstance(g, Tensor) else literal(np.asarray(g, out._data.dtype))
             if g.shape != out.shape:
                 raise ShapeError(f"{op_name}: gradient has shape {list(g.shape)} but the output "
                                  f"has shape {list(out.shape)} (from '{out._node.op}')")
             if g._data.dtype != out._data.dtype:
-                g = wrap(g._data.astype(out._data.dtype))
+                with no_grad():
+                    g = cast(g, out._data.dtype)
         grads.append(g)
     return grads
 
@@ -119,6 +122,8 @@ def _run(outputs, grad_outputs, sink, retain_graph, create_graph, op_name):
     with set_grad_enabled(create_graph), np.errstate(all="ignore"):
         order = autodiff.backward([o._node for o in outputs], roots, EMIT,
                                   _value_of(create_graph), sink, _check_saved)
+    if STATE.tracer is not None:
+        _check_traced_walk(order, create_graph, op_name)
     if not retain_graph:
         for node in order:
             if node.op != "input":
@@ -129,8 +134,6 @@ def _run(outputs, grad_outputs, sink, retain_graph, create_graph, op_name):
 def backward(tensor, gradient=None, retain_graph=None, create_graph=False, inputs=None):
     """Accumulate d(tensor)/d(leaf) into each leaf's `.grad`."""
     retain = create_graph if retain_graph is None else retain_graph
-    if STATE.recorders:
-        _note_autograd("backward()")
     wanted = None if inputs is None else {id(node_of(t)) for t in inputs}
 
     def sink(node, g):
@@ -143,13 +146,29 @@ def backward(tensor, gradient=None, retain_graph=None, create_graph=False, input
     _run([tensor], [gradient], sink, retain, create_graph, "backward")
 
 
-def _note_autograd(what):
-    note_untraceable(f"autograd not compiled yet: the call runs {what}")
+def _check_traced_walk(order, create_graph, op_name):
+    """backward() inside a traced call replays only if its walk stayed inside the call
+    (leaves aside) and built no graph of its own."""
+    tracer = STATE.tracer
+    if create_graph:
+        tracer.untraceable(f"{op_name}(create_graph=True) inside the call: higher-order "
+                           "gradients run eagerly")
+        return
+    recorded = {id(n) for n in tracer.nodes}
+    if any(n.op != "input" and id(n) not in recorded for n in order):
+        tracer.untraceable(f"{op_name}() inside the call reaches autograd history made "
+                           "before the call (an argument with a grad_fn)")
 
 
 def _accumulate(leaf, g, create_graph):
+    """Add `g` into `leaf.grad` as PyTorch's AccumulateGrad does: a copy the first time,
+    in place after that (bumping the grad's version), out of place when the grad has
+    history or another shape. Inside a traced call the same steps run as recorded ops."""
     if create_graph:
         leaf._grad = g if leaf._grad is None else leaf._grad + g
+        return
+    if STATE.tracer is not None:
+        STATE.tracer.accumulate_grad(leaf, g)
         return
     data = g._data
     if leaf._grad is None:
@@ -158,13 +177,12 @@ def _accumulate(leaf, g, create_graph):
         leaf._grad = wrap(leaf._grad._data + data)
     else:
         leaf._grad._data += data
+        version_counter(leaf._grad)[0] += 1
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False,
          allow_unused=False):
     """Gradients of `outputs` with respect to `inputs`, without touching `.grad`."""
-    if STATE.recorders:
-        _note_autograd("hn.grad()")
     single_out = isinstance(outputs, Tensor)
     outputs = [outputs] if single_out else list(outputs)
     single_in = isinstance(inputs, Tensor)
@@ -180,7 +198,8 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     def sink(node, g):
         i = targets.get(id(node))
         if i is not None:
-            found[i] = g if create_graph else wrap(g._data)
+            # (inside a traced call: the recorded value itself, which the trace can replay)
+            found[i] = g if create_graph or STATE.tracer is not None else wrap(g._data)
 
     retain = create_graph if retain_graph is None else retain_graph
     _run(outputs, grad_outputs, sink, retain, create_graph, "grad")

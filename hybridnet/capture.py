@@ -8,8 +8,9 @@ call impossible to replay (`t.numpy()`, random numbers, ...).
 """
 
 from ._state import STATE, TraceHooks
-from .autograd import Recorder
-from .dispatch import node_of
+from .autograd import Recorder, no_grad
+from .dispatch import cast, node_of
+from .shape import clone
 
 
 class ValueGuard:
@@ -91,6 +92,18 @@ class TraceRecorder(Recorder, TraceHooks):
     def rebind(self, tensor, previous):
         super().rebind(tensor, previous)
         self.mutated.append(tensor)
+
+    def accumulate_grad(self, leaf, g):
+        """backward() inside the call: `leaf.grad` accumulates `g` through ops this trace
+        records and `.grad` accesses it notes (eager does the same with raw NumPy)."""
+        with no_grad():
+            old = leaf.grad
+            if old is None:
+                leaf.grad = clone(g) if g.dtype == leaf.dtype else cast(g, leaf.dtype)
+            elif old._rg or old.shape != g.shape:
+                leaf.grad = old + g
+            else:
+                old.add_(g)
 
     # -- context ---------------------------------------------------------------------------
 

@@ -163,8 +163,7 @@ def test_traced_training_step_keeps_the_model_intact():
         for p, q in zip(model.parameters(), twin.parameters()):
             assert p.requires_grad and p.is_leaf and p.grad is None
             np.testing.assert_allclose(_values(p), _values(q), rtol=1e-6, atol=1e-7)
-    reasons = [e["detail"] for e in traced.stats.events if e["kind"] == "fallback"]
-    assert any("backward()" in r for r in reasons)
+    assert traced.stats.compiled_calls == 1 and traced.stats.fallbacks == 0, traced.stats
     # the model still trains eagerly afterwards
     F.cross_entropy(model(x), y).backward()
     assert all(p.grad is not None for p in model.parameters())

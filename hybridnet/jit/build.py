@@ -14,6 +14,7 @@ import numpy as np
 
 from compiler.ir import Graph, Node
 
+from ..autograd import no_grad
 from ..dispatch import node_of
 from ..tensor import Tensor
 from .reads import entry_checks
@@ -77,6 +78,13 @@ class TraceGraph:
     version_bumps: list = field(default_factory=list)  # (input position, count)
     readonly: list = field(default_factory=list)  # per result: eager's array is read-only
     versions: list = field(default_factory=list)  # per result: its version counter's value
+    # per result: None, or the (op, shape, dtype) of its autograd node, which a backward()
+    # inside the call has already freed (eager returns it with requires_grad and a grad_fn)
+    spent: list = field(default_factory=list)
+    # results that carry live autograd history (their compiled backward is built), and
+    # the graph inputs that require grad (what that backward differentiates)
+    grad_results: list = field(default_factory=list)
+    grad_inputs: list = field(default_factory=list)
 
 
 class _Builder:
@@ -114,7 +122,7 @@ class _Builder:
             i = self.arg_index[id(tape_node)]
             t = self.flat[i]
             return self._add_input(tape_node, Source("arg", i, shape=t.shape,
-                                                     dtype=t._data.dtype), t)
+                                                     dtype=t._data.dtype, rg=t._rg), t)
         if tape_node.op == "const":
             node = Node("const", (), dict(tape_node.attrs), (), tape_node.dtype)
             self.mapping[id(tape_node)] = node
@@ -178,9 +186,6 @@ class _Builder:
     def body(self):
         nodes = []
         for tn in self.rec.nodes:
-            if tn.requires_grad:
-                raise Untraceable("autograd not compiled yet: the call needs gradients (run "
-                                  "it under hn.no_grad() or on tensors that need no grad)")
             node = Node(tn.op, tuple(self.value(i) for i in tn.inputs), dict(tn.attrs),
                         tuple(tn.shape), tn.dtype)
             self.mapping[id(tn)] = node
@@ -191,6 +196,11 @@ class _Builder:
 def build(recorder, flat_args, arg_nodes, result_leaves, pinned=frozenset()) -> TraceGraph:
     """The TraceGraph of a finished recording (call while still inside the recorder).
     `pinned`: ids of the tensors the static key holds by identity (reached by name)."""
+    with no_grad():  # (node_of must not start fresh leaves for tensors updated in place)
+        return _build(recorder, flat_args, arg_nodes, result_leaves, pinned)
+
+
+def _build(recorder, flat_args, arg_nodes, result_leaves, pinned):
     if recorder.reasons:
         raise Untraceable("; ".join(recorder.reasons))
     if recorder.state_changed():
@@ -222,13 +232,44 @@ def build(recorder, flat_args, arg_nodes, result_leaves, pinned=frozenset()) -> 
                                   "with an input or another result in a way the JIT cannot "
                                   "replay")
     _check_grad_aliases(recorder, result_leaves)
+    grad_results = _live_results(recorder, result_leaves, outputs)
     graph = Graph(b.inputs + b.consts + body, b.inputs, out_nodes)
     return TraceGraph(graph, b.sources, outputs, guards, writebacks, n_results,
                       fresh=fresh, readonly=[not t._data.flags.writeable for t in result_leaves],
                       versions=[t._version for t in result_leaves],
                       checks=entry_checks(recorder, b.tensor_ref, b.grad_of),
                       grad_writes=grad_writes,
-                      version_bumps=b.version_bumps)
+                      version_bumps=b.version_bumps,
+                      spent=[_spent(t) if o[0] == "out" and k not in grad_results else None
+                             for k, (t, o) in enumerate(zip(result_leaves, outputs))],
+                      grad_results=grad_results,
+                      grad_inputs=[i for i, s in enumerate(b.sources) if s.rg]
+                      if grad_results else [])
+
+
+def _spent(t):
+    node = t._node
+    if not t._rg or node is None or not node.requires_grad:
+        return None
+    return (node.op, tuple(node.shape), node.dtype)
+
+
+def _live_results(recorder, result_leaves, outputs) -> list:
+    """Positions of the results that carry a live autograd graph (the compiled call
+    gives them a compiled backward); refuses history elsewhere on what leaves the call
+    (views of inputs, tensors updated in place, `.grad` values)."""
+    live = []
+    for k, (t, out) in enumerate(zip(result_leaves, outputs)):
+        node = t._node
+        if out[0] in ("out", "view") and t._rg and node is not None and \
+                node.requires_grad and node.value is not None:
+            live.append(k)
+    for entry in recorder.grads.values():
+        value = entry[4]
+        if entry[3] and value is not None and value._rg:
+            raise Untraceable("the call assigns a tensor that requires grad to .grad; the "
+                              "JIT cannot replay that yet")
+    return live
 
 
 def _tensors_in_reads(recorder) -> frozenset:
@@ -349,6 +390,9 @@ def _writebacks(b, recorder, out_nodes):
             # made by an op of this call (x.clone().add_(y)): its final value is a graph
             # value like any other, there is nothing outside the call to update
             continue
+        if t._rg and t._node is not None and t._node.requires_grad:
+            raise Untraceable("an in-place update in grad mode gives a tensor from outside "
+                              "the call autograd history; the JIT cannot replay that yet")
         pos = b.source_of_tensor.get(id(t))
         if pos is None:
             arg = next((i for i, a in enumerate(b.flat) if a is t), None)

@@ -7,6 +7,7 @@ one only in sizes reuses its size-generic kernel without compiling again.
 import math
 import time
 
+from compiler.autodiff import inputs_read_by_vjps
 from compiler.lowering.node_rules import large_product, view_root
 from compiler.lowering.numba_codegen import (
     PARALLEL_THRESHOLD,
@@ -15,6 +16,7 @@ from compiler.lowering.numba_codegen import (
     kernel_budget,
     lower,
 )
+from compiler.partition import split_gradient
 from compiler.passes.manager import optimize as run_passes
 from runtime.cache import KERNELS as _KERNELS
 from runtime.executor import Executable
@@ -61,12 +63,49 @@ class CompileResult:
         self.pass_report = pass_report
         self.reused = reused
         self.seconds = seconds
+        self.backward = None  # Backward, for a trace whose results carry gradients
 
 
 def compile_trace(tg, dynamic) -> CompileResult:
-    """Compile a TraceGraph; raises LoweringError when the backend cannot take it."""
+    """Compile a TraceGraph; raises LoweringError when the backend cannot take it.
+
+    A trace whose results carry gradients (`tg.grad_results`) compiles its forward and
+    backward together (`compiler.partition.split_gradient`): the forward also returns the
+    values the backward reads, and `CompileResult.backward` runs the backward."""
     start = time.perf_counter()
-    optimized, report = optimize(tg.graph)
+    if tg.grad_results:
+        wrt = [tg.graph.inputs[i] for i in tg.grad_inputs]
+        split, report = split_gradient(tg.graph, wrt, tg.grad_results)
+        forward = split.forward
+    else:
+        forward, report = optimize(tg.graph)
+    exe, kernel, program, reused = _compile_graph(
+        forward, dynamic, tg.n_results, tg.guards, tg.writebacks, tg.fresh)
+    result = CompileResult(exe, forward, program, kernel, report, reused, 0.0)
+    if tg.grad_results:
+        n = len(split.backward.outputs)
+        bexe, bkernel, bprogram, breused = _compile_graph(
+            split.backward, dynamic, n, (), (), [True] * n)
+        result.backward = Backward(split, bexe, bkernel, bprogram, breused,
+                                   inputs_read_by_vjps(tg.graph))
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+class Backward:
+    """The compiled backward of a differentiable trace: `split` (compiler.partition),
+    its executable, kernel and program; `reused`: its kernel came from the cache."""
+
+    def __init__(self, split, executable, kernel, program, reused, saved_inputs):
+        self.split, self.executable, self.kernel = split, executable, kernel
+        self.program, self.reused = program, reused
+        # graph inputs eager's vjps would read (updated in place before the backward, it
+        # raises as eager does)
+        self.saved_inputs = saved_inputs
+
+
+def _compile_graph(optimized, dynamic, n_results, guards, writebacks, fresh):
+    """Lower and compile one optimized graph (or reuse a kernel of the same structure)."""
     check_supported(optimized)
     big = max((math.prod(n.shape) for n in optimized.nodes), default=0) >= PARALLEL_THRESHOLD
     budget = kernel_budget()  # programs split under another budget are other kernels
@@ -86,12 +125,10 @@ def compile_trace(tg, dynamic) -> CompileResult:
     else:
         kernel, program = cached
     scalar_in = [i for i, n in enumerate(optimized.inputs) if not len(n.shape)]
-    scalar_out = [i for i, n in enumerate(optimized.outputs[:tg.n_results]) if not len(n.shape)]
-    copies = _aliased_results(optimized.outputs[:tg.n_results], tg.fresh)
-    exe = Executable(kernel, tg.n_results, tg.guards, tg.writebacks, scalar_in, scalar_out,
-                     copies)
-    return CompileResult(exe, optimized, program, kernel, report, reused,
-                         time.perf_counter() - start)
+    scalar_out = [i for i, n in enumerate(optimized.outputs[:n_results]) if not len(n.shape)]
+    copies = _aliased_results(optimized.outputs[:n_results], fresh)
+    exe = Executable(kernel, n_results, guards, writebacks, scalar_in, scalar_out, copies)
+    return exe, kernel, program, reused
 
 
 __all__ = ["compile_trace", "CompileResult", "LoweringError"]

@@ -13,7 +13,9 @@ import numpy as np
 from compiler.ops import REGISTRY
 from runtime.executor import ALIASED, SIDE_EXIT, STALE, Outcome
 
-from ..tensor import share_version, version_counter, wrap
+from ..dispatch import TapeNode
+from ..tensor import make, share_version, version_counter, wrap
+from .call_node import CallRecord
 from .pytree import unflatten
 
 _NUMBER = (int, float)
@@ -30,7 +32,10 @@ class Trace:
         self._simple = all(s.kind == "arg" for s in tg.sources) and not tg.checks
         self._arg_index = [s.index for s in tg.sources]
         self._single = tg.result_spec == ("T",) and tg.outputs == [("out", 0)] and \
-            not tg.grad_writes and not tg.readonly[0] and not tg.versions[0]
+            not tg.grad_writes and not tg.readonly[0] and not tg.versions[0] and \
+            not tg.spent[0] and not tg.grad_results
+        bwd = result.backward
+        self._call = CallRecord(tg, bwd, stats) if bwd is not None else None
 
     def gather(self, flat):
         """The kernel's input arrays, or None when a source no longer matches the trace."""
@@ -116,6 +121,10 @@ class Trace:
             leaves.append(self._fresh(outs, i) if kind == "out" else flat[i] if kind == "arg"
                           else leaves[i] if kind == "same" else self._view(out, leaves, flat)
                           if kind == "view" else self._source_tensor(i, flat))
+        if self._call is not None:
+            inputs = [None if s.kind == "hyper" else self._source_tensor(p, flat)
+                      for p, s in enumerate(self.tg.sources)]
+            leaves = self._call.attach(leaves, inputs, arrays, outs)
         for tref, k, same, version in self.tg.grad_writes:
             owner = tref.resolve(flat)
             if k is None:
@@ -140,7 +149,8 @@ class Trace:
         return share_version(wrap(arr), base)
 
     def _fresh(self, outs, k):
-        t = wrap(outs[k])
+        spent = self.tg.spent[k] if self.tg.spent else None
+        t = wrap(outs[k]) if spent is None else _spent_result(outs[k], spent)
         if self.tg.readonly[k]:  # eager gave a read-only view (expand): so does this
             t._data.flags.writeable = False
         if self.tg.versions[k]:  # made and updated in place inside the call
@@ -153,6 +163,15 @@ class Trace:
         if src.kind == "arg":
             return flat[src.index]
         return src.ref() if src.kind == "captured" else src.ref[0].resolve(flat)._grad
+
+
+def _spent_result(arr, spent):
+    """A result whose autograd graph the call's own backward() freed, as eager leaves it:
+    requires_grad, a grad_fn, and a second backward() raises."""
+    op, shape, dtype = spent
+    node = TapeNode(op, (), {}, shape, dtype, True)
+    node.value, node.saved, node.ref = None, (), None
+    return make(arr, True, node)
 
 
 def _source_array(src, flat):

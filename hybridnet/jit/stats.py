@@ -18,6 +18,7 @@ class Stats:
     compiles: int = 0
     kernel_reuses: int = 0
     fallbacks: int = 0
+    compiled_backwards: int = 0  # backward passes through a compiled call's kernel
     trace_seconds: float = 0.0
     compile_seconds: float = 0.0
     events: list = field(default_factory=list)

@@ -146,9 +146,6 @@ class TracedFunction:
             flat, spec = flatten((args, kwargs), module_key=module_key)
         except Unsupported as exc:
             return self._eager(args, kwargs, f"unsupported argument: {exc}")
-        if STATE.grad and any(t._rg for t in flat):
-            return self._eager(args, kwargs, "autograd not compiled yet: an input requires "
-                               "grad (call under hn.no_grad() to compile inference)")
         key = self._key(flat, spec)
         entry = self.specializations.get(key)
         if entry is None:

@@ -1,0 +1,171 @@
+"""Autograd for compiled calls: the results of a traced call that need gradients carry
+one `CallNode`, whose backward runs the compiled backward kernel.
+
+Each differentiable result gets a `CallOutput` node (its `grad_fn`), whose only input is
+the call's `CallNode`; the call node's inputs are the tape nodes of the call's tensors
+that require grad (leaves, or outside history when the call is one piece of a larger
+eager graph). The engine (`compiler.autodiff.backward`) gathers the gradients of every
+output of one call before it reaches the call node (a topological walk), then runs its
+backward once with zeros for the outputs nothing used, and routes the gradients to the
+inputs, where eager accumulation into `.grad` takes over. `retain_graph=False` frees the
+saved values as it frees any node's.
+
+With `create_graph=True` the call's graph runs eagerly instead (the forward again from the
+inputs, then its vjps with history), so higher-order gradients are eager's own; the call
+counts it as a fallback with that reason.
+"""
+
+import numpy as np
+
+from compiler.autodiff import OwnBackward
+from compiler.autodiff import backward as engine_backward
+from compiler.errors import OpError
+from compiler.registry import OpDef
+
+from .._state import STATE
+from ..dispatch import EMIT, TapeNode, apply, node_of
+from ..tensor import make, version_counter, wrap
+
+
+def _not_runnable(*args, **kwargs):
+    raise OpError("compiled_call: the autograd node of a compiled call has no eager impl "
+                  "(it only runs a backward)")
+
+
+# What `node.opdef` answers for these nodes (not a registry op: nothing lowers or exports it)
+CALL_OPDEF = OpDef("compiled_call", -1, _not_runnable, _not_runnable, vjp=(), saves=frozenset())
+
+
+class CallNode(TapeNode, OwnBackward):
+    """The one autograd node of a compiled call. `value` holds the saved arrays (None
+    once freed); `call`: the `CallRecord` with the compiled backward."""
+
+    __slots__ = ("call", "replay")
+
+    def merge(self, e, old, g):
+        index, grad = g
+        slots = {} if old is None else old
+        prev = slots.get(index)
+        slots[index] = grad if prev is None else e("add", prev, grad)
+        return slots
+
+    def route(self, e, g, value_of):
+        grads = self.call.backward(self, g, value_of)
+        return list(zip(self.inputs, grads))
+
+    def name(self) -> str:
+        return "CompiledCallBackward"
+
+    @property
+    def opdef(self):
+        return CALL_OPDEF
+
+
+class CallOutput(TapeNode, OwnBackward):
+    """Result `index` of a compiled call: its gradient goes to the call's slot `index`."""
+
+    __slots__ = ("index",)
+
+    def route(self, e, g, value_of):
+        return [(self.inputs[0], (self.index, g))]
+
+    def name(self) -> str:
+        return "CompiledCallBackward"
+
+    @property
+    def opdef(self):
+        return CALL_OPDEF
+
+
+class CallRecord:
+    """What one differentiable trace needs to run its backward (shared by its calls)."""
+
+    def __init__(self, tg, backward, stats):
+        self.tg, self.bwd, self.stats = tg, backward, stats
+        self.n_graph_out = len(tg.graph.outputs)
+        self.seed_shapes = [(tuple(tg.graph.outputs[k].shape), tg.graph.outputs[k].dtype)
+                            for k in tg.grad_results]
+
+    def attach(self, leaves, input_tensors, arrays, outs):
+        """Give the differentiable results (in `leaves`, replaced) their autograd nodes.
+        `input_tensors`: per graph input, the tensor it came from; `arrays`: the kernel's
+        input arrays; `outs`: its outputs, the saved values after the graph's own."""
+        wrt = [input_tensors[i] for i in self.tg.grad_inputs]
+        call = CallNode("compiled_call", tuple(node_of(t) for t in wrt), {}, (), None, True)
+        call.value = tuple(outs[self.n_graph_out:])
+        # (the inputs the backward reads: modified in place before it, it raises as eager)
+        call.saved = tuple(_versions(input_tensors[i] for i in self.bwd.saved_inputs))
+        call.ref, call.call = None, self
+        call.replay = (arrays, tuple(_versions(input_tensors)))
+        for slot, k in enumerate(self.tg.grad_results):
+            t = leaves[k]
+            node = CallOutput("compiled_call_output", (call,), {}, t._data.shape,
+                              t._data.dtype, True)
+            node.value, node.saved, node.ref, node.index = t._data, (), None, slot
+            out = leaves[k] = make(t._data, True, node)
+            out._vc = t._vc  # (a view of an input shares its version counter)
+        return leaves
+
+    def backward(self, node, slots, value_of):
+        """Gradients for the call node's inputs, from the gradients of its outputs."""
+        if STATE.grad:  # create_graph=True: eager's own higher-order graph
+            return self._eager_backward(node, slots, value_of)
+        seeds = []
+        for slot, (shape, dtype) in enumerate(self.seed_shapes):
+            g = slots.get(slot)
+            seeds.append(np.zeros(shape, dtype) if g is None else
+                         np.ascontiguousarray(g._data, dtype=dtype))
+        outs = self.bwd.executable.run(list(node.value) + seeds)
+        node.replay = None
+        self.stats.compiled_backwards += 1
+        return [wrap(np.asarray(o).reshape(i.shape)) for o, i in zip(outs, node.inputs)]
+
+    def _eager_backward(self, node, slots, value_of):
+        if node.replay is None:
+            raise RuntimeError("create_graph=True through a traced call after a backward() "
+                               "that did not create a graph: run that one with "
+                               "create_graph=True too, or the call under HYBRIDNET_DISABLE_JIT=1")
+        arrays, versions = node.replay
+        for vc, version in versions:
+            if vc[0] != version:
+                raise RuntimeError("one of the values needed for gradient computation has "
+                                   "been modified by an in-place operation: an input of a "
+                                   f"compiled call is at version {vc[0]}; expected {version}")
+        self.stats.event("fallback", "create_graph=True through a traced call: its graph "
+                         "ran eagerly, with history, for higher-order gradients")
+        graph = self.tg.graph
+        values = {}
+        wrt = dict(zip(self.tg.grad_inputs, node.inputs))
+        for i, inp in enumerate(graph.inputs):
+            values[id(inp)] = value_of(wrt[i]) if i in wrt else wrap(arrays[i])
+        for n in graph.nodes:
+            if id(n) not in values:
+                values[id(n)] = _eager_node(n, values)
+        roots = [values[id(graph.outputs[k])] for k in self.tg.grad_results]
+        live = [(r, slots[s]) for s, r in enumerate(roots) if s in slots and r._rg]
+        found = {}
+        targets = {id(n): j for j, n in enumerate(node.inputs)}
+
+        def sink(n, g):
+            i = targets.get(id(n))
+            if i is not None:
+                found[i] = g
+
+        engine_backward([r._node for r, _ in live], [g for _, g in live], EMIT, value_of,
+                        sink, stop=frozenset(targets))
+        return [found.get(i) for i in range(len(node.inputs))]
+
+
+def _eager_node(n, values):
+    if n.op == "const":
+        value = n.attrs["value"]
+        return wrap(np.array(value, dtype=n.dtype))
+    return apply(n.op, [values[id(i)] for i in n.inputs], dict(n.attrs))
+
+
+def _versions(tensors):
+    for t in tensors:
+        if t is None:  # (an optimizer setting: a number, not a tensor)
+            continue
+        vc = version_counter(t)
+        yield (vc, vc[0])
