@@ -159,7 +159,9 @@ register(OpDef("permute", 1, lambda x, dims: np.transpose(x, dims), _permute_rul
                attrs=("dims",), traits=_MOVE, saves=_NONE, doc="reorder dims (a view)",
                compose=lambda outer, inner: {"dims": tuple(inner["dims"][d]
                                                            for d in outer["dims"])},
-               is_identity=lambda a: tuple(a["dims"]) == tuple(range(len(a["dims"])))))
+               is_identity=lambda a: tuple(a["dims"]) == tuple(range(len(a["dims"]))),
+               swaps_last_two=lambda a: len(a["dims"]) >= 2 and tuple(a["dims"]) == tuple(
+                   range(len(a["dims"]) - 2)) + (len(a["dims"]) - 1, len(a["dims"]) - 2)))
 register(OpDef("expand", 1, lambda x, shape: np.broadcast_to(x, shape), _expand_rule,
                vjp=(lambda e, g, x, o, a: sum_to(e, g, x[0].shape),),
                attrs=("shape",), traits=_MOVE | {Trait.BROADCAST}, saves=_NONE,
@@ -323,5 +325,5 @@ register(OpDef("matmul", 2, _matmul, _matmul_rule,
                                                  x[0].shape),
                     lambda e, g, x, o, a: sum_to(e, e("matmul", _swap_last(e, x[0]), g),
                                                  x[1].shape)),
-               traits=frozenset({Trait.PURE}), saves=_IN,
+               traits=frozenset({Trait.PURE}), saves=_IN, transpose_swaps=True,
                doc="batched matrix product; both inputs have ndim >= 2"))

@@ -56,6 +56,10 @@ class OpDef:
     compose: Callable = None
     is_identity: Callable = None  # is_identity(attrs) -> True when op(x, attrs) == x
     noop_same_type: bool = False  # computes exactly its operand when types match
+    # swaps_last_two(attrs) -> True when the op (a movement) swaps the last two dims only
+    swaps_last_two: Callable = None
+    # op(a, b) with its last two dims swapped == op(b', a') with its operands' swapped
+    transpose_swaps: bool = False
     # For a REDUCTION that folds values (sum, max, min): how it combines them ("add",
     # "max", "min") and where it starts ("zero", "lowest", "highest").
     combine: str = None

@@ -9,8 +9,7 @@ call impossible to replay (`t.numpy()`, random numbers, ...).
 
 from ._state import STATE, TraceHooks
 from .autograd import Recorder, no_grad
-from .dispatch import cast, node_of
-from .shape import clone
+from .dispatch import apply, node_of
 
 
 class ValueGuard:
@@ -98,8 +97,9 @@ class TraceRecorder(Recorder, TraceHooks):
         records and `.grad` accesses it notes (eager does the same with raw NumPy)."""
         with no_grad():
             old = leaf.grad
-            if old is None:
-                leaf.grad = clone(g) if g.dtype == leaf.dtype else cast(g, leaf.dtype)
+            if old is None:  # (a cast copies, and compiles to nothing: the kernel's
+                # outputs are fresh arrays already)
+                leaf.grad = apply("cast", (g,), {"dtype": str(leaf._data.dtype)})
             elif old._rg or old.shape != g.shape:
                 leaf.grad = old + g
             else:

@@ -412,3 +412,38 @@ def test_optimize_leaves_the_original_graph_alone():
     before = str(g)
     out, _ = optimize(g)
     assert str(g) == before and str(out) != before
+
+
+def _ops(g):
+    return [n.op for n in g.nodes if not n.is_source]
+
+
+def test_simplify_moves_the_transpose_of_a_product_onto_its_operands():
+    # the gradient of x @ w.T with respect to w: (x.T @ g).T -> g.T @ x, no transposed copy
+    x, gr, w = inp(4, 3), inp(4, 2), inp(2, 3)
+    dw = op("permute", op("matmul", op("permute", x, dims=(1, 0)), gr), dims=(1, 0))
+    batched = op("permute", op("matmul", inp(5, 2, 3), inp(5, 3, 4)), dims=(0, 2, 1))
+    original = graph([dw, op("matmul", x, op("permute", w, dims=(1, 0))), batched],
+                     [x, gr, w, batched.inputs[0].inputs[0], batched.inputs[0].inputs[1]])
+    g = DeadCodeElimination().run(AlgebraicSimplification().run(original.clone())[0])[0]
+    g.verify()
+    first = g.outputs[0]
+    assert first.op == "matmul" and first.inputs[1] is g.inputs[0]  # x itself
+    assert first.inputs[0].op == "permute" and first.inputs[0].inputs[0] is g.inputs[1]
+    assert g.outputs[2].op == "matmul"
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(n.shape).astype(np.float32) for n in original.inputs]
+    for a, b in zip(g.run(*args), original.run(*args)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_simplify_keeps_a_transposed_product_that_has_other_users():
+    a, b = inp(3, 4), inp(4, 5)
+    prod = op("matmul", a, b)
+    original = graph([op("permute", prod, dims=(1, 0)), prod], [a, b])
+    g = DeadCodeElimination().run(AlgebraicSimplification().run(original.clone())[0])[0]
+    assert _ops(g) == ["matmul", "permute"]  # one product, not two
+    broadcast = op("permute", op("matmul", inp(2, 3, 4), inp(4, 5)), dims=(0, 2, 1))
+    g2 = AlgebraicSimplification().run(graph([broadcast], list(
+        broadcast.inputs[0].inputs)))[0]
+    assert g2.outputs[0].op == "permute"  # batch broadcasting: left as it is

@@ -15,11 +15,13 @@ from ..ir import Graph, Node
 def rewrite_graph(graph: Graph, rule, repeat: bool = False) -> tuple:
     """Apply `rule` to every node in place; returns `(graph, changed)`."""
     replaced, kept, defined = {}, [], set()
+    originals = {id(n) for n in graph.nodes}
     for node in graph.nodes:
         if replaced:
             node.inputs = tuple(replaced.get(id(i), i) for i in node.inputs)
         current = _settle(node, rule, repeat, defined)
         if id(current) not in defined:
+            _place_new_inputs(current, rule, repeat, kept, defined, originals)
             kept.append(current)
             defined.add(id(current))
         if current is not node:
@@ -28,6 +30,22 @@ def rewrite_graph(graph: Graph, rule, repeat: bool = False) -> tuple:
         graph.nodes = kept
         graph.outputs = [replaced.get(id(o), o) for o in graph.outputs]
     return graph, bool(replaced)
+
+
+def _place_new_inputs(node, rule, repeat, kept, defined, originals):
+    """A replacement may bring new nodes of its own as inputs (b' and a' of b' @ a'):
+    each is simplified in turn and placed before it."""
+    inputs = []
+    for i in node.inputs:
+        if id(i) not in defined and id(i) not in originals:
+            _place_new_inputs(i, rule, repeat, kept, defined, originals)
+            i = _settle(i, rule, repeat, defined)
+            if id(i) not in defined:
+                _place_new_inputs(i, rule, repeat, kept, defined, originals)
+                kept.append(i)
+                defined.add(id(i))
+        inputs.append(i)
+    node.inputs = tuple(inputs)
 
 
 def _settle(node: Node, rule, repeat: bool, defined: set) -> Node:

@@ -90,18 +90,55 @@ def empty_reduction(node: Node) -> Node | None:
     return None
 
 
+def _swapped(node: Node, op: str, attrs) -> Node:
+    shape = tuple(node.shape[:-2]) + (node.shape[-1], node.shape[-2])
+    return Node(op, (node,), dict(attrs), shape, node.dtype)
+
+
+def transposed_product(node: Node, users) -> Node | None:
+    """(a @ b)^T -> b^T @ a^T when the product has no other user: the transposes move
+    to the operands (where BLAS reads them as they are, or they cancel against the
+    transposes already there, as in the gradient of x @ w.T) instead of copying the
+    product transposed. Only without batch broadcasting."""
+    swaps = REGISTRY[node.op].swaps_last_two
+    if swaps is None or not swaps(node.attrs):
+        return None
+    prod = node.inputs[0]
+    if not REGISTRY[prod.op].transpose_swaps or users.get(id(prod), 0) != 1:
+        return None
+    a, b = prod.inputs
+    if not len(a.shape) == len(b.shape) == len(prod.shape) or a.shape[:-2] != b.shape[:-2]:
+        return None
+    return Node(prod.op, (_swapped(b, node.op, node.attrs), _swapped(a, node.op, node.attrs)),
+                dict(prod.attrs), tuple(node.shape), node.dtype, node.requires_grad)
+
+
 RULES = (identity_element, involution, chain, noop, empty_reduction)
 
 
-def rewrite(node: Node) -> Node | None:
-    """The first rule's replacement for `node`, or None when no rule applies."""
+def rewrite(node: Node, users=None) -> Node | None:
+    """The first rule's replacement for `node`, or None when no rule applies (`users`:
+    id -> number of uses, for the rules that must not duplicate work)."""
     if REGISTRY[node.op].has(Trait.SOURCE):
         return None
     for rule in RULES:
         new = rule(node)
         if new is not None:
             return new
+    if users is not None:
+        return transposed_product(node, users)
     return None
+
+
+def count_users(graph: Graph) -> dict:
+    """id(node) -> how many node inputs and graph outputs use it."""
+    users = {}
+    for n in graph.nodes:
+        for i in n.inputs:
+            users[id(i)] = users.get(id(i), 0) + 1
+    for o in graph.outputs:
+        users[id(o)] = users.get(id(o), 0) + 1
+    return users
 
 
 class AlgebraicSimplification:
@@ -118,4 +155,5 @@ class AlgebraicSimplification:
 
     def run(self, graph: Graph) -> tuple:
         """Simplify in place; returns `(graph, changed)`."""
-        return rewrite_graph(graph, rewrite, repeat=True)
+        users = count_users(graph)
+        return rewrite_graph(graph, lambda n: rewrite(n, users), repeat=True)
