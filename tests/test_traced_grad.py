@@ -288,3 +288,17 @@ def test_inference_under_no_grad_still_returns_plain_tensors():
         a, _ = tf(x, w)
     assert not a.requires_grad and a.grad_fn is None
     assert tf.stats.compiled_calls == 1
+
+
+def test_explain_shows_the_backward_graph_what_is_saved_and_its_kernels():
+    hn.manual_seed(4)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh())
+    report = hn.explain(model, hn.randn(2, 3))
+    text = str(report)
+    bwd = report.to_dict()["specializations"][0]["traces"][0]["backward"]
+    assert "backward graph" in text and "backward kernels" in text
+    assert bwd["saved"] and all(" float32[" in s for s in bwd["saved"])
+    assert "matmul" in bwd["graph"] and bwd["kernels"]
+    with hn.no_grad():
+        plain = hn.explain(nn.Sequential(nn.Linear(3, 4)), hn.randn(2, 3))
+    assert plain.to_dict()["specializations"][0]["traces"][0]["backward"] is None

@@ -157,6 +157,9 @@ class _Builder:
             if id(t) not in self.rec.literals:
                 raise Untraceable("a tensor was built from values the JIT cannot see (for "
                                   "example from t.numpy() or Python values read from tensors)")
+            if t._rg:
+                raise Untraceable("a tensor created inside the call requires grad (a leaf "
+                                  "of the call's own); the JIT cannot replay it yet")
             value = self.rec.literals[id(t)]  # (its value when built, not after updates)
             node = Node("const", (), {"value": value.item() if value.ndim == 0 else value,
                                       "dtype": str(value.dtype)}, value.shape, value.dtype)

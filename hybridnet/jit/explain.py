@@ -56,6 +56,16 @@ def _trace_lines(j, tr):
                                               for p in tr["passes"]))
     lines.append("     fused kernels:")
     lines.extend("       " + ln for ln in tr["kernels"])
+    bwd = tr.get("backward")
+    if bwd:
+        lines.append(f"     backward (compiled{' , kernel reused' if bwd['reused'] else ''}; "
+                     f"the optimized graph above is the forward, which also returns "
+                     f"{len(bwd['saved'])} saved values; recomputed: none):")
+        lines.extend(f"       saved: {v}" for v in bwd["saved"])
+        lines.append("     backward graph (saved values, then one seed per result):")
+        lines.extend("       " + ln for ln in bwd["graph"].splitlines())
+        lines.append("     backward kernels:")
+        lines.extend("       " + ln for ln in bwd["kernels"])
     return lines
 
 
@@ -77,8 +87,20 @@ def _trace_dict(tr) -> dict:
         "passes": [{k: p[k] for k in ("name", "seconds", "changed")} for p in res.pass_report],
         "kernels": describe_units(res.program.units), "source": res.kernel.source,
         "compile_seconds": res.seconds + res.kernel.compile_seconds, "reused": res.reused,
-        "writebacks": len(tr.tg.writebacks),
+        "writebacks": len(tr.tg.writebacks), "backward": _backward_dict(res.backward),
     }
+
+
+def _backward_dict(bwd):
+    """The compiled backward of a trace whose results need grad (None otherwise)."""
+    if bwd is None:
+        return None
+    fwd = bwd.split.forward
+    saved = fwd.outputs[len(fwd.outputs) - bwd.split.saved:]
+    return {"graph": str(bwd.split.backward),
+            "saved": [f"{n.op} {n.type_str()}" for n in saved],
+            "kernels": describe_units(bwd.program.units), "source": bwd.kernel.source,
+            "reused": bwd.reused}
 
 
 def _source_text(src) -> str:
