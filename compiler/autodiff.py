@@ -40,7 +40,8 @@ class OwnBackward:
     (many outputs, one backward) and its per-output projections.
 
     `merge(e, old, g)`: the pending gradient after `g` arrives (old: None or what came
-    before); `route(e, g, value_of)`: (input node, gradient) pairs for the node's inputs.
+    before); `route(e, g, value_of)`: (input node, gradient) pairs for the node's inputs;
+    `release()`: free its saved values after a backward without retain_graph.
     """
 
     __slots__ = ()
@@ -49,6 +50,10 @@ class OwnBackward:
         return g if old is None else e("add", old, g)
 
     def route(self, e, g, value_of):
+        raise NotImplementedError
+
+    def release(self):
+        """Free what the backward read (backward without retain_graph walked it)."""
         raise NotImplementedError
 
 
@@ -143,6 +148,21 @@ def inputs_read_by_vjps(graph) -> list:
             if id(inp) in position:
                 found.add(position[id(inp)])
     return sorted(found)
+
+
+def reaching(graph, wrt, seeded) -> list:
+    """Per node of `wrt`: the positions in `seeded` (output indices of `graph`) whose
+    outputs depend on it differentiably (what eager backward from those outputs would
+    reach). Marks `requires_grad` on `graph`'s nodes."""
+    mark_requires_grad(graph, wrt)
+    found = [set() for _ in wrt]
+    position = {id(n): j for j, n in enumerate(wrt)}
+    for slot, k in enumerate(seeded):
+        for node in reachable([graph.outputs[k]]):
+            j = position.get(id(node))
+            if j is not None:
+                found[j].add(slot)
+    return found
 
 
 def grad_graph(graph, wrt=None, seeded=None) -> Graph:

@@ -51,7 +51,11 @@ def partition(joint: Graph, n_outputs: int, n_seeds: int) -> Split:
             save(g)
     outputs = list(joint.outputs[:n_outputs]) + saved
     inputs = joint.inputs[:len(joint.inputs) - n_seeds]
-    forward = Graph(_with_inputs(collect(outputs), inputs), inputs, outputs)
+    needed = {id(n) for n in collect(outputs)}
+    # (in the joint graph's own order: passes make nodes newer than their users, so the
+    # creation order is no execution order)
+    forward = Graph(_with_inputs([n for n in joint.nodes if id(n) in needed], inputs),
+                    inputs, outputs)
     return Split(forward, _backward(joint, late, saved, seeds, grads), len(saved))
 
 

@@ -126,7 +126,9 @@ def _run(outputs, grad_outputs, sink, retain_graph, create_graph, op_name):
         _check_traced_walk(order, create_graph, op_name)
     if not retain_graph:
         for node in order:
-            if node.op != "input":
+            if isinstance(node, autodiff.OwnBackward):
+                node.release()
+            elif node.op != "input":
                 node.value = None
     return order
 

@@ -12,7 +12,7 @@ updates of saved inputs, and what each call ran (compiled forward and backward).
 import numpy as np
 import pytest
 import test_composites as comp
-from oracles import flat, is_float, make_inputs, seed_of
+from oracles import R, flat, is_float, make_inputs, seed_of
 from test_trace_ops import EAGER, PRIMS, _bind, fallback_reasons
 
 import hybridnet as hn
@@ -302,3 +302,117 @@ def test_explain_shows_the_backward_graph_what_is_saved_and_its_kernels():
     with hn.no_grad():
         plain = hn.explain(nn.Sequential(nn.Linear(3, 4)), hn.randn(2, 3))
     assert plain.to_dict()["specializations"][0]["traces"][0]["backward"] is None
+
+
+# ---- regressions from the adversarial review -----------------------------------------------
+
+
+def _compiled_third(fn, make_args):
+    """Results of eager fn and of the third (compiled) traced call, on fresh args each."""
+    tf = hn.trace(fn)
+    for _ in range(2):
+        tf(*make_args())
+    return tf
+
+
+def test_an_input_no_walked_output_reaches_gets_no_grad():
+    def f(x, w):
+        return x * 2.0, w * 3.0
+
+    def args():
+        return (hn.tensor(np.arange(3.0), requires_grad=True),
+                hn.tensor(np.ones(3), requires_grad=True))
+    tf = _compiled_third(f, args)
+    x, w = args()
+    a, _ = tf(x, w)
+    a.sum().backward()
+    assert w.grad is None and x.grad is not None
+    a, _ = tf(*args())
+    with pytest.raises(RuntimeError, match="not used"):
+        hn.grad(a.sum(), [x, w])
+    x, w = args()
+    a, _ = tf(x, w)
+    assert hn.grad(a.sum(), [x, w], allow_unused=True)[1] is None
+    assert tf.stats.compiled_backwards == 3
+
+
+def test_backward_through_another_output_after_the_first_works_as_eager():
+    def f(x, w, c):
+        return x.exp(), w * c
+
+    def args():
+        return (hn.tensor([0.1, 0.2], requires_grad=True),
+                hn.tensor([1.0, 2.0], requires_grad=True), hn.tensor([3.0, 4.0]))
+    tf = _compiled_third(f, args)
+    x, w, c = args()
+    y1, y2 = tf(x, w, c)
+    y1.sum().backward()
+    y2.sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), [3.0, 4.0])
+    with pytest.raises(RuntimeError, match="second time"):
+        y1.sum().backward()
+
+
+def test_retain_graph_then_create_graph_through_a_traced_call():
+    def h(x):
+        return (x * x * x).sum()
+
+    tf = _compiled_third(h, lambda: (hn.tensor([1.0, 2.0], requires_grad=True),))
+    x = hn.tensor([1.0, 2.0], requires_grad=True)
+    y = tf(x)
+    y.backward(retain_graph=True)
+    (g,) = hn.grad(y, [x], create_graph=True)
+    np.testing.assert_allclose(g.detach().numpy(), [3.0, 12.0])
+
+
+def test_a_result_updated_in_place_that_the_backward_reads_raises_as_eager():
+    def f(x):
+        return x.exp()
+
+    tf = _compiled_third(f, lambda: (hn.tensor([0.1, 0.5], requires_grad=True),))
+    y = tf(hn.tensor([0.1, 0.5], requires_grad=True))
+    with hn.no_grad():
+        y.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+        y.sum().backward()
+
+
+def test_an_input_updated_in_the_call_after_the_forward_read_it_runs_eagerly():
+    def g(x, w):
+        y = x * w
+        with hn.no_grad():
+            w.add_(1.0)
+        return y
+
+    tg = hn.trace(g)
+    for _ in range(3):
+        x, w = hn.tensor([1.0, 1.0], requires_grad=True), hn.tensor([1.0, 2.0],
+                                                                     requires_grad=True)
+        y = tg(x, w)
+        with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+            y.sum().backward()
+    assert tg.stats.compiled_calls == 0
+    assert any("updates in place" in r for r in fallback_reasons(tg))
+
+
+def test_an_in_place_update_of_a_returned_view_of_a_leaf_raises_as_eager():
+    def f(x, w):
+        return x.T, x @ w
+
+    def args():
+        return hn.tensor(np.ones((2, 3)), requires_grad=True), hn.tensor(np.ones((3, 2)))
+    tf = _compiled_third(f, args)
+    xt, _ = tf(*args())
+    with pytest.raises(RuntimeError, match="in-place update of a view"):
+        xt.mul_(2)
+
+
+@pytest.mark.parametrize("name,fn,shape", [
+    ("reshape chain", lambda x: x.reshape(6, 4).reshape(2, 12).exp(), (4, 6)),
+    ("transposed product", lambda x: ((x @ x.T).T).tanh(), (3, 4)),
+    ("permute chain", lambda x: x.transpose(0, 1).transpose(1, 2).sin() * 2, (2, 3, 4)),
+])
+def test_forwards_the_simplifier_rebuilds_compile_with_their_backward(name, fn, shape):
+    tf = check_traced_grad(name, fn, [R(shape)])
+    assert tf.stats.compiled_calls == 1 and tf.stats.compiled_backwards == 1, \
+        fallback_reasons(tf)

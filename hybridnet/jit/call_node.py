@@ -20,7 +20,7 @@ import numpy as np
 from compiler.autodiff import OwnBackward
 from compiler.autodiff import backward as engine_backward
 from compiler.errors import OpError
-from compiler.registry import OpDef
+from compiler.registry import OpDef, Trait
 
 from .._state import STATE
 from ..dispatch import EMIT, TapeNode, apply, node_of
@@ -32,15 +32,19 @@ def _not_runnable(*args, **kwargs):
                   "(it only runs a backward)")
 
 
-# What `node.opdef` answers for these nodes (not a registry op: nothing lowers or exports it)
+# What `node.opdef` answers for these nodes (not a registry op: nothing lowers or exports
+# it); a result that is a view of an input answers as a movement, so in-place updates of it
+# in grad mode raise as eager's do
 CALL_OPDEF = OpDef("compiled_call", -1, _not_runnable, _not_runnable, vjp=(), saves=frozenset())
+VIEW_OPDEF = OpDef("compiled_call_output", -1, _not_runnable, _not_runnable, vjp=(),
+                   saves=frozenset(), traits=frozenset({Trait.MOVEMENT}))
 
 
 class CallNode(TapeNode, OwnBackward):
     """The one autograd node of a compiled call. `value` holds the saved arrays (None
     once freed); `call`: the `CallRecord` with the compiled backward."""
 
-    __slots__ = ("call", "replay")
+    __slots__ = ("call", "replay", "done")
 
     def merge(self, e, old, g):
         index, grad = g
@@ -51,7 +55,14 @@ class CallNode(TapeNode, OwnBackward):
 
     def route(self, e, g, value_of):
         grads = self.call.backward(self, g, value_of)
+        self.done.update(g)
         return list(zip(self.inputs, grads))
+
+    def release(self):
+        """Freed (as backward frees what it walked) once every output has been walked:
+        a later backward through another output still finds its saved values."""
+        if len(self.done) >= len(self.call.seed_shapes):
+            self.value = self.replay = None
 
     def name(self) -> str:
         return "CompiledCallBackward"
@@ -64,17 +75,20 @@ class CallNode(TapeNode, OwnBackward):
 class CallOutput(TapeNode, OwnBackward):
     """Result `index` of a compiled call: its gradient goes to the call's slot `index`."""
 
-    __slots__ = ("index",)
+    __slots__ = ("index", "view")
 
     def route(self, e, g, value_of):
         return [(self.inputs[0], (self.index, g))]
+
+    def release(self):
+        self.value = None
 
     def name(self) -> str:
         return "CompiledCallBackward"
 
     @property
     def opdef(self):
-        return CALL_OPDEF
+        return VIEW_OPDEF if self.view else CALL_OPDEF
 
 
 class CallRecord:
@@ -95,15 +109,20 @@ class CallRecord:
         call.value = tuple(outs[self.n_graph_out:])
         # (the inputs the backward reads: modified in place before it, it raises as eager)
         call.saved = tuple(_versions(input_tensors[i] for i in self.bwd.saved_inputs))
-        call.ref, call.call = None, self
+        call.ref, call.call, call.done = None, self, set()
         call.replay = (arrays, tuple(_versions(input_tensors)))
         for slot, k in enumerate(self.tg.grad_results):
             t = leaves[k]
             node = CallOutput("compiled_call_output", (call,), {}, t._data.shape,
                               t._data.dtype, True)
-            node.value, node.saved, node.ref, node.index = t._data, (), None, slot
+            node.value, node.ref, node.index = t._data, None, slot
+            node.view = self.tg.outputs[k][0] == "view"
             out = leaves[k] = make(t._data, True, node)
             out._vc = t._vc  # (a view of an input shares its version counter)
+            # a result whose buffer the backward reads (exp's output): updated in place
+            # before the backward, it raises as eager's does
+            node.saved = tuple(_versions([out])) if any(
+                np.may_share_memory(t._data, a) for a in call.value) else ()
         return leaves
 
     def backward(self, node, slots, value_of):
@@ -115,16 +134,21 @@ class CallRecord:
             g = slots.get(slot)
             seeds.append(np.zeros(shape, dtype) if g is None else
                          np.ascontiguousarray(g._data, dtype=dtype))
+        kernel = self.bwd.kernel
+        first = not kernel.compiled  # (Numba compiles at the first run)
         outs = self.bwd.executable.run(list(node.value) + seeds)
-        node.replay = None
+        if first:
+            self.stats.compile_seconds += kernel.compile_seconds
         self.stats.compiled_backwards += 1
-        return [wrap(np.asarray(o).reshape(i.shape)) for o, i in zip(outs, node.inputs)]
+        # an input none of the walked outputs reaches gets no gradient (its .grad stays
+        # None, hn.grad calls it unused), as eager's walk never meets it
+        return [wrap(np.asarray(o).reshape(i.shape)) if reach & slots.keys() else None
+                for o, i, reach in zip(outs, node.inputs, self.bwd.reach)]
 
     def _eager_backward(self, node, slots, value_of):
         if node.replay is None:
-            raise RuntimeError("create_graph=True through a traced call after a backward() "
-                               "that did not create a graph: run that one with "
-                               "create_graph=True too, or the call under HYBRIDNET_DISABLE_JIT=1")
+            raise RuntimeError("create_graph=True through a traced call whose saved values "
+                               "a backward() freed: pass retain_graph=True to that one")
         arrays, versions = node.replay
         for vc, version in versions:
             if vc[0] != version:
@@ -153,7 +177,8 @@ class CallRecord:
 
         engine_backward([r._node for r, _ in live], [g for _, g in live], EMIT, value_of,
                         sink, stop=frozenset(targets))
-        return [found.get(i) for i in range(len(node.inputs))]
+        return [found.get(i) if reach & slots.keys() else None
+                for i, reach in zip(range(len(node.inputs)), self.bwd.reach)]
 
 
 def _eager_node(n, values):

@@ -7,7 +7,7 @@ one only in sizes reuses its size-generic kernel without compiling again.
 import math
 import time
 
-from compiler.autodiff import inputs_read_by_vjps
+from compiler.autodiff import inputs_read_by_vjps, reaching
 from compiler.lowering.node_rules import large_product, view_root
 from compiler.lowering.numba_codegen import (
     PARALLEL_THRESHOLD,
@@ -74,6 +74,12 @@ def compile_trace(tg, dynamic) -> CompileResult:
     values the backward reads, and `CompileResult.backward` runs the backward."""
     start = time.perf_counter()
     if tg.grad_results:
+        # (only the inputs some differentiable result reaches: the others get no .grad)
+        reach = reaching(tg.graph, [tg.graph.inputs[i] for i in tg.grad_inputs],
+                         tg.grad_results)
+        tg.grad_inputs = [i for i, r in zip(tg.grad_inputs, reach) if r]
+        reach = [r for r in reach if r]
+        _refuse_updated_saved_inputs(tg)
         wrt = [tg.graph.inputs[i] for i in tg.grad_inputs]
         split, report = split_gradient(tg.graph, wrt, tg.grad_results)
         forward = split.forward
@@ -87,18 +93,30 @@ def compile_trace(tg, dynamic) -> CompileResult:
         bexe, bkernel, bprogram, breused = _compile_graph(
             split.backward, dynamic, n, (), (), [True] * n)
         result.backward = Backward(split, bexe, bkernel, bprogram, breused,
-                                   inputs_read_by_vjps(tg.graph))
+                                   inputs_read_by_vjps(tg.graph), reach)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _refuse_updated_saved_inputs(tg):
+    """An input the call updates in place that a vjp also reads: eager's backward raises
+    or not depending on whether the read came before the update, which the graph does
+    not keep; such a call runs eagerly. (After `reaching` marked requires_grad.)"""
+    read = set(inputs_read_by_vjps(tg.graph))
+    if any(target in read for _, target in tg.writebacks):
+        raise LoweringError("the call updates in place a tensor that the backward of its "
+                            "results reads; it runs eagerly (as eager, the backward then "
+                            "raises or not depending on the order)")
 
 
 class Backward:
     """The compiled backward of a differentiable trace: `split` (compiler.partition),
     its executable, kernel and program; `reused`: its kernel came from the cache."""
 
-    def __init__(self, split, executable, kernel, program, reused, saved_inputs):
+    def __init__(self, split, executable, kernel, program, reused, saved_inputs, reach):
         self.split, self.executable, self.kernel = split, executable, kernel
         self.program, self.reused = program, reused
+        self.reach = reach  # per differentiated input: the result slots that reach it
         # graph inputs eager's vjps would read (updated in place before the backward, it
         # raises as eager does)
         self.saved_inputs = saved_inputs
