@@ -37,17 +37,24 @@ def optimize(graph):
     return run_passes(graph)
 
 
-def _aliased_results(outputs, fresh) -> list:
-    """Results the kernel may return as (views of) an input, a constant or another result
-    where eager returned an array of its own (x + 0 simplified to x, say): copied."""
+def _aliased_results(outputs, fresh, owned=()) -> list:
+    """Outputs the kernel may return as (views of) an input, a constant or another output
+    where eager had an array of its own (x + 0 simplified to x, say): copied. Checked:
+    the results (the first len(fresh) outputs, where `fresh`) and the outputs `owned`
+    (values the call assigns to .grad)."""
     roots = [view_root(o) for o in outputs]
     copies = []
-    for k, r in enumerate(roots):
-        if k < len(fresh) and not fresh[k]:
+    for k, r in enumerate(roots[:len(fresh)]):
+        if not fresh[k]:
             continue
-        shared = any(q is r for j, q in enumerate(roots)
-                     if j != k and (j < k or (j < len(fresh) and not fresh[j])))
+        shared = any(q is r for j, q in enumerate(roots[:len(fresh)])
+                     if j != k and (j < k or not fresh[j]))
         if shared or r.op in ("input", "const"):
+            copies.append(k)
+    checked = set(range(len(fresh))) | set(owned)
+    for k in owned:
+        r = roots[k]
+        if r.op in ("input", "const") or any(roots[j] is r for j in checked if j != k):
             copies.append(k)
     return copies
 
@@ -86,7 +93,8 @@ def compile_trace(tg, dynamic) -> CompileResult:
     else:
         forward, report = optimize(tg.graph)
     exe, kernel, program, reused = _compile_graph(
-        forward, dynamic, tg.n_results, tg.guards, tg.writebacks, tg.fresh)
+        forward, dynamic, tg.n_results, tg.guards, tg.writebacks, tg.fresh,
+        [k for _, k, same, _ in tg.grad_writes if k is not None and same is None])
     result = CompileResult(exe, forward, program, kernel, report, reused, 0.0)
     if tg.grad_results:
         n = len(split.backward.outputs)
@@ -122,7 +130,7 @@ class Backward:
         self.saved_inputs = saved_inputs
 
 
-def _compile_graph(optimized, dynamic, n_results, guards, writebacks, fresh):
+def _compile_graph(optimized, dynamic, n_results, guards, writebacks, fresh, owned=()):
     """Lower and compile one optimized graph (or reuse a kernel of the same structure)."""
     check_supported(optimized)
     big = max((math.prod(n.shape) for n in optimized.nodes), default=0) >= PARALLEL_THRESHOLD
@@ -144,7 +152,7 @@ def _compile_graph(optimized, dynamic, n_results, guards, writebacks, fresh):
         kernel, program = cached
     scalar_in = [i for i, n in enumerate(optimized.inputs) if not len(n.shape)]
     scalar_out = [i for i, n in enumerate(optimized.outputs[:n_results]) if not len(n.shape)]
-    copies = _aliased_results(optimized.outputs[:n_results], fresh)
+    copies = _aliased_results(optimized.outputs, fresh, owned)
     exe = Executable(kernel, n_results, guards, writebacks, scalar_in, scalar_out, copies)
     return exe, kernel, program, reused
 

@@ -132,8 +132,9 @@ class Trace:
             elif same is not None:
                 owner._grad = leaves[same]
             else:
-                g = wrap(
-                    np.array(outs[k], copy=True).reshape(self.tg.graph.outputs[k].shape))
+                # (an array of its own: the executable copied it if the kernel's could be
+                # shared, compile._aliased_results)
+                g = wrap(outs[k].reshape(self.tg.graph.outputs[k].shape))
                 if version:
                     g._vc = [version]
                 owner._grad = g
