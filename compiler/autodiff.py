@@ -121,16 +121,17 @@ def _accumulate(pending, e, node, g):
         pending[id(node)] = g if old is None else e("add", old, g)
 
 
-def mark_requires_grad(graph, wrt) -> None:
+def mark_requires_grad(graph, wrt, blocked=frozenset()) -> None:
     """Set `requires_grad` on the nodes of `graph` that depend differentiably on `wrt`
-    (and clear it elsewhere): what `backward` walks."""
+    (and clear it elsewhere): what `backward` walks. Nodes whose ids are in `blocked`
+    never require grad (ops recorded under no_grad)."""
     wanted = {id(n) for n in wrt}
     for node in graph.nodes:
         if node.is_source:
             node.requires_grad = id(node) in wanted
         else:
-            node.requires_grad = REGISTRY[node.op].differentiable and any(
-                i.requires_grad for i in node.inputs)
+            node.requires_grad = id(node) not in blocked and \
+                REGISTRY[node.op].differentiable and any(i.requires_grad for i in node.inputs)
 
 
 def inputs_read_by_vjps(graph) -> list:
@@ -150,7 +151,7 @@ def inputs_read_by_vjps(graph) -> list:
     return sorted(found)
 
 
-def reaching(graph, wrt, seeded) -> list:
+def reaching(graph, wrt, seeded, blocked=frozenset()) -> list:
     """Per node of `wrt`: the positions in `seeded` (output indices of `graph`) whose
     outputs depend on it differentiably (what eager backward from those outputs would
     reach). Marks `requires_grad` on `graph`'s nodes."""
@@ -165,7 +166,7 @@ def reaching(graph, wrt, seeded) -> list:
     return found
 
 
-def grad_graph(graph, wrt=None, seeded=None) -> Graph:
+def grad_graph(graph, wrt=None, seeded=None, blocked=frozenset()) -> Graph:
     """Forward and backward of `graph` as one graph (symbolic reverse mode).
 
     Its inputs are `graph`'s inputs, then one seed gradient per seeded output (the
@@ -173,10 +174,11 @@ def grad_graph(graph, wrt=None, seeded=None) -> Graph:
     default all); its outputs are `graph`'s outputs, then the gradient with respect to
     each node of `wrt` (default: the inputs that require grad), zeros where it does not
     depend on them. The vjp rules are the eager ones, run by a `GraphEmitter`. Marks
-    `requires_grad` on `graph`'s nodes.
+    `requires_grad` on `graph`'s nodes (`blocked`: nodes that never do, see
+    mark_requires_grad).
     """
     wrt = [n for n in graph.inputs if n.requires_grad] if wrt is None else list(wrt)
-    mark_requires_grad(graph, wrt)
+    mark_requires_grad(graph, wrt, blocked)
     e = GraphEmitter()
     roots = list(graph.outputs) if seeded is None else [graph.outputs[k] for k in seeded]
     seeds = [Node("input", (), {}, o.shape, o.dtype) for o in roots]

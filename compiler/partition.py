@@ -3,9 +3,13 @@ when the function is called, and the backward, which runs when gradients are ask
 
 The backward is every node that depends on a seed gradient; the forward is the rest.
 Forward values the backward reads are *saved*: extra outputs of the forward graph and
-extra inputs of the backward one (constants are copied instead). Saving is the simple
-policy for now: recomputing cheap elementwise values in the backward instead of saving
-them is a later refinement.
+extra inputs of the backward one (constants are copied instead).
+
+Recompute policy (`_recompute`): a saved value made by an elementwise op from values that
+are saved anyway, constants, or intermediates of the call is computed again in the
+backward instead, when that saves no more elements than before (as `1 - tanh(u)**2` from
+`u`, a chain of gelu terms from its input): the backward fuses it into its own loops.
+Never from the call's inputs or results, which code outside may update in place.
 """
 
 from dataclasses import dataclass
@@ -13,21 +17,25 @@ from dataclasses import dataclass
 from .autodiff import grad_graph
 from .ir import Graph, Node, collect
 from .passes.manager import optimize
+from .registry import REGISTRY, Trait
 
 
 @dataclass
 class Split:
     """`forward`: inputs -> (outputs..., saved...); `backward`: (saved..., seeds...) ->
-    gradients; `saved`: how many forward outputs are saved values."""
+    gradients; `saved`: how many forward outputs are saved values; `recomputed`: the
+    forward values the backward computes again instead of reading them saved."""
 
     forward: Graph
     backward: Graph
     saved: int
+    recomputed: list = None
 
 
-def partition(joint: Graph, n_outputs: int, n_seeds: int) -> Split:
+def partition(joint: Graph, n_outputs: int, n_seeds: int, recompute: bool = True) -> Split:
     """Split `joint` (inputs: the forward's, then `n_seeds` seeds; outputs: `n_outputs`
-    forward outputs, then gradients) into its forward and backward graphs."""
+    forward outputs, then gradients) into its forward and backward graphs (`recompute`:
+    apply the recompute policy)."""
     seeds = joint.inputs[len(joint.inputs) - n_seeds:]
     late = {id(s) for s in seeds}
     for node in joint.nodes:  # (execution order: inputs first)
@@ -49,6 +57,10 @@ def partition(joint: Graph, n_outputs: int, n_seeds: int) -> Split:
     for g in grads:
         if id(g) not in late and g.op != "const":
             save(g)
+    before = set(late)
+    if recompute:
+        saved = _recompute(joint, saved, late, n_outputs)
+    recomputed = [n for n in joint.nodes if id(n) in late and id(n) not in before]
     outputs = list(joint.outputs[:n_outputs]) + saved
     inputs = joint.inputs[:len(joint.inputs) - n_seeds]
     needed = {id(n) for n in collect(outputs)}
@@ -56,7 +68,54 @@ def partition(joint: Graph, n_outputs: int, n_seeds: int) -> Split:
     # creation order is no execution order)
     forward = Graph(_with_inputs([n for n in joint.nodes if id(n) in needed], inputs),
                     inputs, outputs)
-    return Split(forward, _backward(joint, late, saved, seeds, grads), len(saved))
+    return Split(forward, _backward(joint, late, saved, seeds, grads), len(saved), recomputed)
+
+
+def _size(node) -> int:
+    n = 1
+    for d in node.shape:
+        n *= d
+    return n
+
+
+def _rooted(node, fixed) -> bool:
+    """Is `node` one of `fixed`, or a view of one (through movement ops)?"""
+    while True:
+        if id(node) in fixed:
+            return True
+        if node.is_source or not REGISTRY[node.op].has(Trait.MOVEMENT) or \
+                len(node.inputs) != 1:
+            return False
+        node = node.inputs[0]
+
+
+def _recompute(joint, saved, late, n_outputs) -> list:
+    """Move cheap elementwise saved values into the backward (`late`, updated) where that
+    saves no more elements; returns the new saved list (see the module docstring)."""
+    fixed = {id(n) for n in joint.inputs} | {id(n) for n in joint.outputs[:n_outputs]}
+    grads = {id(g) for g in joint.outputs[n_outputs:]}
+    changed = True
+    while changed:
+        changed = False
+        current = {id(n) for n in saved}
+        for s in reversed(list(saved)):
+            opdef = REGISTRY[s.op]
+            if id(s) in fixed or id(s) in grads or not (
+                    opdef.has(Trait.ELEMENTWISE) and opdef.has(Trait.PURE)):
+                continue
+            extra = [i for i in dict.fromkeys(s.inputs, None)
+                     if i.op != "const" and id(i) not in current]
+            if any(_rooted(i, fixed) for i in extra) or \
+                    sum(_size(i) for i in extra) > _size(s) or len(extra) > 1:
+                continue
+            late.add(id(s))
+            saved = [n for n in saved if n is not s]
+            position = len(saved)
+            saved[position:position] = extra
+            current = {id(n) for n in saved}
+            changed = True
+    order = {id(n): k for k, n in enumerate(joint.nodes)}
+    return sorted(saved, key=lambda n: order[id(n)])
 
 
 def _with_inputs(nodes, inputs):
@@ -92,12 +151,12 @@ def _const(node, copy, nodes) -> Node:
     return new
 
 
-def split_gradient(graph: Graph, wrt, seeded=None) -> tuple:
+def split_gradient(graph: Graph, wrt, seeded=None, blocked=frozenset()) -> tuple:
     """Forward and backward of `graph` with respect to the nodes `wrt` (seeding the
     outputs at positions `seeded`, default all), optimized together (constant folding,
     simplification and CSE see both; dead values go), then split: returns
     `(Split, pass report)`."""
-    joint = grad_graph(graph, wrt, seeded)
+    joint = grad_graph(graph, wrt, seeded, blocked)
     optimized, report = optimize(joint)
     n_seeds = len(graph.outputs) if seeded is None else len(seeded)
     return partition(optimized, len(graph.outputs), n_seeds), report

@@ -12,6 +12,7 @@ import hybridnet as hn
 import hybridnet.nn.functional as F
 from compiler.autodiff import grad_graph, reachable
 from compiler.ir import Node
+from compiler.registry import REGISTRY, Trait
 
 
 def _record(fn, arrays, wrt):
@@ -215,3 +216,26 @@ def test_an_optimized_split_of_an_mlp_compiles_and_matches_eager():
     grads = _compiled(split.backward)(*fwd[1:], np.ones((), np.float32))
     for g, t in zip(grads, hn.grad(outs, tensors[1:5])):
         np.testing.assert_allclose(g, t._data, rtol=1e-4, atol=1e-5)
+
+
+def _gelu_mlp(x, w1, w2):
+    return (F.gelu(F.gelu(x @ w1) @ w2) * 1.5).sum()
+
+
+def test_the_recompute_policy_moves_cheap_elementwise_values_into_the_backward():
+    from compiler.partition import partition
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal(s) for s in [(6, 5), (5, 7), (7, 4)]]
+    split = _split_and_run(_gelu_mlp, arrays, [1, 2])  # (values equal the joint graph's)
+    tensors, outs, graph = _record(_gelu_mlp, arrays, [1, 2])
+    targets = [n for n in graph.inputs if n.requires_grad]
+    joint = grad_graph(graph, targets)
+    plain = partition(joint, 1, 1, recompute=False)
+    assert split.recomputed, "gelu's terms should be recomputed"
+    size = lambda g, k: sum(int(np.prod(n.shape)) for n in g.forward.outputs[-k:])  # noqa: E731
+    assert size(split, split.saved) <= size(plain, plain.saved)
+    fixed = {id(n) for n in joint.inputs} | {id(n) for n in joint.outputs[:1]}
+    for node in split.recomputed:  # elementwise, never read from the call's inputs/results
+        assert REGISTRY[node.op].has(Trait.ELEMENTWISE)
+        assert not any(id(i) in fixed for i in node.inputs
+                       if not any(i is s for s in plain.forward.outputs[1:]))

@@ -307,3 +307,24 @@ def test_class_attributes_are_guarded_through_a_changed_mro():
         assert traced(x).tolist() == [3.0, 3.0]
         M.__bases__ = (Other,)  # the cached MRO filter must notice
         assert traced(x).tolist() == [5.0, 5.0]
+
+
+def test_defaults_of_a_forward_are_guarded_cheaply_when_immutable_and_fully_when_not():
+    class Scale(hn.nn.Module):
+        def forward(self, x, s=2.0, extra=[0.0]):  # noqa: B006  (mutated below on purpose)
+            return x * s + extra[0]
+
+    m = Scale()
+    f = hn.trace(m)
+    x = hn.ones(2)
+    extra = [0.0]
+    Scale.forward.__defaults__ = (2.0, extra)
+    with hn.no_grad():
+        for k in range(4):
+            extra[0] = float(k // 2)  # the same list, changed in place
+            _close(f(x).numpy(), [2.0 + k // 2] * 2)
+    Scale.forward.__defaults__ = (3.0,)
+    g = hn.trace(lambda x, s=3.0: x * s)
+    with hn.no_grad():
+        g(x), g(x)
+    assert "__defaults__ is" in g.guard_source and "EK(" not in g.guard_source

@@ -85,6 +85,7 @@ class TraceGraph:
     # the graph inputs that require grad (what that backward differentiates)
     grad_results: list = field(default_factory=list)
     grad_inputs: list = field(default_factory=list)
+    blocked: frozenset = frozenset()  # graph nodes recorded without autograd (no_grad)
 
 
 class _Builder:
@@ -99,6 +100,7 @@ class _Builder:
         self.source_of_tensor = {}  # id(tensor) -> input position
         self.leaf_of_tensor = {}  # id(tensor) -> the leaf node it was first met as
         self.version_bumps = []  # (input position, in-place updates eager made to it)
+        self.blocked = set()  # ids of graph nodes recorded without autograd
         # id(grad tensor) -> its owner, for grads the call found in `.grad` on entry
         self.grad_of = {id(e[2]): e[0] for e in recorder.grads.values()
                         if e[1] and e[2] is not None}
@@ -193,6 +195,8 @@ class _Builder:
                         tuple(tn.shape), tn.dtype)
             self.mapping[id(tn)] = node
             nodes.append(node)
+            if not tn.requires_grad:  # (recorded under no_grad, or not differentiable)
+                self.blocked.add(id(node))
         return nodes
 
 
@@ -247,7 +251,7 @@ def _build(recorder, flat_args, arg_nodes, result_leaves, pinned):
                              for k, (t, o) in enumerate(zip(result_leaves, outputs))],
                       grad_results=grad_results,
                       grad_inputs=[i for i, s in enumerate(b.sources) if s.rg]
-                      if grad_results else [])
+                      if grad_results else [], blocked=frozenset(b.blocked))
 
 
 def _spent(t):
@@ -267,6 +271,10 @@ def _live_results(recorder, result_leaves, outputs) -> list:
         if out[0] in ("out", "view") and t._rg and node is not None and \
                 node.requires_grad and node.value is not None:
             live.append(k)
+    if live and any(vc[0] != version for n in recorder.nodes if n.requires_grad
+                    for vc, version in n.saved):
+        raise Untraceable("an in-place update inside the call changed a value its backward "
+                          "needs (eager's backward raises for it); the call runs eagerly")
     for entry in recorder.grads.values():
         value = entry[4]
         if entry[3] and value is not None and value._rg:

@@ -24,7 +24,7 @@ from compiler.registry import OpDef, Trait
 
 from .._state import STATE
 from ..dispatch import EMIT, TapeNode, apply, node_of
-from ..tensor import make, version_counter, wrap
+from ..tensor import Tensor, make, version_counter, wrap
 
 
 def _not_runnable(*args, **kwargs):
@@ -44,7 +44,7 @@ class CallNode(TapeNode, OwnBackward):
     """The one autograd node of a compiled call. `value` holds the saved arrays (None
     once freed); `call`: the `CallRecord` with the compiled backward."""
 
-    __slots__ = ("call", "replay", "done")
+    __slots__ = ("call", "replay", "done", "walked")
 
     def merge(self, e, old, g):
         index, grad = g
@@ -55,12 +55,14 @@ class CallNode(TapeNode, OwnBackward):
 
     def route(self, e, g, value_of):
         grads = self.call.backward(self, g, value_of)
-        self.done.update(g)
+        self.walked = set(g)
         return list(zip(self.inputs, grads))
 
     def release(self):
-        """Freed (as backward frees what it walked) once every output has been walked:
-        a later backward through another output still finds its saved values."""
+        """Freed (as backward frees what it walked) once a backward without retain_graph
+        has walked every output: a later backward through another output still finds its
+        saved values."""
+        self.done |= self.walked
         if len(self.done) >= len(self.call.seed_shapes):
             self.value = self.replay = None
 
@@ -107,9 +109,7 @@ class CallRecord:
         wrt = [input_tensors[i] for i in self.tg.grad_inputs]
         call = CallNode("compiled_call", tuple(node_of(t) for t in wrt), {}, (), None, True)
         call.value = tuple(outs[self.n_graph_out:])
-        # (the inputs the backward reads: modified in place before it, it raises as eager)
-        call.saved = tuple(_versions(input_tensors[i] for i in self.bwd.saved_inputs))
-        call.ref, call.call, call.done = None, self, set()
+        call.ref, call.call, call.done, call.walked = None, self, set(), set()
         call.replay = (arrays, tuple(_versions(input_tensors)))
         for slot, k in enumerate(self.tg.grad_results):
             t = leaves[k]
@@ -119,10 +119,14 @@ class CallRecord:
             node.view = self.tg.outputs[k][0] == "view"
             out = leaves[k] = make(t._data, True, node)
             out._vc = t._vc  # (a view of an input shares its version counter)
-            # a result whose buffer the backward reads (exp's output): updated in place
-            # before the backward, it raises as eager's does
-            node.saved = tuple(_versions([out])) if any(
-                np.may_share_memory(t._data, a) for a in call.value) else ()
+            node.saved = ()
+        # Checked whenever any output's backward runs (modified in place before it, it
+        # raises as eager does): the inputs eager's vjps read, and every result whose
+        # buffer the backward reads (exp's output, a value computed under no_grad)
+        shared = [t for t in leaves if isinstance(t, Tensor) and any(
+            np.may_share_memory(t._data, a) for a in call.value)]
+        call.saved = tuple(_versions([input_tensors[i] for i in self.bwd.saved_inputs] +
+                                     shared))
         return leaves
 
     def backward(self, node, slots, value_of):

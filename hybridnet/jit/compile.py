@@ -37,11 +37,12 @@ def optimize(graph):
     return run_passes(graph)
 
 
-def _aliased_results(outputs, fresh, owned=()) -> list:
+def _aliased_results(outputs, fresh, owned=(), saved_from=None) -> list:
     """Outputs the kernel may return as (views of) an input, a constant or another output
     where eager had an array of its own (x + 0 simplified to x, say): copied. Checked:
     the results (the first len(fresh) outputs, where `fresh`) and the outputs `owned`
-    (values the call assigns to .grad)."""
+    (values the call assigns to .grad), against each other and the saved values (outputs
+    from `saved_from` on, which the backward reads later)."""
     roots = [view_root(o) for o in outputs]
     copies = []
     for k, r in enumerate(roots[:len(fresh)]):
@@ -52,6 +53,8 @@ def _aliased_results(outputs, fresh, owned=()) -> list:
         if shared or r.op in ("input", "const"):
             copies.append(k)
     checked = set(range(len(fresh))) | set(owned)
+    if saved_from is not None:
+        checked |= set(range(saved_from, len(outputs)))
     for k in owned:
         r = roots[k]
         if r.op in ("input", "const") or any(roots[j] is r for j in checked if j != k):
@@ -83,18 +86,19 @@ def compile_trace(tg, dynamic) -> CompileResult:
     if tg.grad_results:
         # (only the inputs some differentiable result reaches: the others get no .grad)
         reach = reaching(tg.graph, [tg.graph.inputs[i] for i in tg.grad_inputs],
-                         tg.grad_results)
+                         tg.grad_results, tg.blocked)
         tg.grad_inputs = [i for i, r in zip(tg.grad_inputs, reach) if r]
         reach = [r for r in reach if r]
         _refuse_updated_saved_inputs(tg)
         wrt = [tg.graph.inputs[i] for i in tg.grad_inputs]
-        split, report = split_gradient(tg.graph, wrt, tg.grad_results)
+        split, report = split_gradient(tg.graph, wrt, tg.grad_results, tg.blocked)
         forward = split.forward
     else:
         forward, report = optimize(tg.graph)
     exe, kernel, program, reused = _compile_graph(
         forward, dynamic, tg.n_results, tg.guards, tg.writebacks, tg.fresh,
-        [k for _, k, same, _ in tg.grad_writes if k is not None and same is None])
+        [k for _, k, same, _ in tg.grad_writes if k is not None and same is None],
+        len(tg.graph.outputs) if tg.grad_results else None)
     result = CompileResult(exe, forward, program, kernel, report, reused, 0.0)
     if tg.grad_results:
         n = len(split.backward.outputs)
@@ -130,7 +134,8 @@ class Backward:
         self.saved_inputs = saved_inputs
 
 
-def _compile_graph(optimized, dynamic, n_results, guards, writebacks, fresh, owned=()):
+def _compile_graph(optimized, dynamic, n_results, guards, writebacks, fresh, owned=(),
+                   saved_from=None):
     """Lower and compile one optimized graph (or reuse a kernel of the same structure)."""
     check_supported(optimized)
     big = max((math.prod(n.shape) for n in optimized.nodes), default=0) >= PARALLEL_THRESHOLD
@@ -152,7 +157,7 @@ def _compile_graph(optimized, dynamic, n_results, guards, writebacks, fresh, own
         kernel, program = cached
     scalar_in = [i for i, n in enumerate(optimized.inputs) if not len(n.shape)]
     scalar_out = [i for i, n in enumerate(optimized.outputs[:n_results]) if not len(n.shape)]
-    copies = _aliased_results(optimized.outputs, fresh, owned)
+    copies = _aliased_results(optimized.outputs, fresh, owned, saved_from)
     exe = Executable(kernel, n_results, guards, writebacks, scalar_in, scalar_out, copies)
     return exe, kernel, program, reused
 

@@ -58,10 +58,12 @@ def _trace_lines(j, tr):
     lines.extend("       " + ln for ln in tr["kernels"])
     bwd = tr.get("backward")
     if bwd:
-        lines.append(f"     backward (compiled{' , kernel reused' if bwd['reused'] else ''}; "
+        lines.append(f"     backward (compiled{', kernel reused' if bwd['reused'] else ''}; "
                      f"the optimized graph above is the forward, which also returns "
-                     f"{len(bwd['saved'])} saved values; recomputed: none):")
+                     f"{len(bwd['saved'])} saved values; {len(bwd['recomputed'])} values "
+                     "recomputed in the backward instead of saved):")
         lines.extend(f"       saved: {v}" for v in bwd["saved"])
+        lines.extend(f"       recomputed: {v}" for v in bwd["recomputed"])
         lines.append("     backward graph (saved values, then one seed per result):")
         lines.extend("       " + ln for ln in bwd["graph"].splitlines())
         lines.append("     backward kernels:")
@@ -99,6 +101,7 @@ def _backward_dict(bwd):
     saved = fwd.outputs[len(fwd.outputs) - bwd.split.saved:]
     return {"graph": str(bwd.split.backward),
             "saved": [f"{n.op} {n.type_str()}" for n in saved],
+            "recomputed": [f"{n.op} {n.type_str()}" for n in bwd.split.recomputed or ()],
             "kernels": describe_units(bwd.program.units), "source": bwd.kernel.source,
             "reused": bwd.reused}
 

@@ -136,6 +136,9 @@ def _environment(w, fn):
     w.complex_env = complex_env
 
 
+_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes)
+
+
 def _reach_all(w, fn):
     glb = w.const(fn.__globals__, "GLB")
     for name in env_names(fn):
@@ -146,7 +149,11 @@ def _reach_all(w, fn):
         except ValueError:
             continue
         _reached(w, f"{w.const(cell, 'CELL')}.cell_contents", value, fn)
-    if fn.__defaults__ or fn.__kwdefaults__:
+    defaults = fn.__defaults__
+    if defaults and all(type(d) in _IMMUTABLE for d in defaults):
+        # an immutable tuple of immutable values: the same tuple object, the same defaults
+        w.fail_unless(f"{w.const(fn, 'FN')}.__defaults__ is {w.const(defaults, 'DEF')}")
+    elif defaults or fn.__kwdefaults__:
         w.complex_env = True
 
 
