@@ -8,10 +8,14 @@ extra inputs of the backward one (constants are copied instead).
 Recompute policy (`_recompute`): a saved value made by an elementwise op from values that
 are saved anyway, constants, or intermediates of the call is computed again in the
 backward instead, when that saves no more elements than before (as `1 - tanh(u)**2` from
-`u`, a chain of gelu terms from its input): the backward fuses it into its own loops.
+`tanh(u)**2`, gelu's terms from its input): the backward fuses it into its own loops.
+Off by default (`HYBRIDNET_RECOMPUTE=1` turns it on): with the Numba backend the bigger
+backward costs more compile time than the memory it saves (an unrolled 24-step RNN: 72
+values recomputed, the backward kernel 1,074 -> 1,245 lines, compile 15.7 -> 23.5 s).
 Never from the call's inputs or results, which code outside may update in place.
 """
 
+import os
 from dataclasses import dataclass
 
 from .autodiff import grad_graph
@@ -32,7 +36,7 @@ class Split:
     recomputed: list = None
 
 
-def partition(joint: Graph, n_outputs: int, n_seeds: int, recompute: bool = True) -> Split:
+def partition(joint: Graph, n_outputs: int, n_seeds: int, recompute: bool = False) -> Split:
     """Split `joint` (inputs: the forward's, then `n_seeds` seeds; outputs: `n_outputs`
     forward outputs, then gradients) into its forward and backward graphs (`recompute`:
     apply the recompute policy)."""
@@ -159,4 +163,5 @@ def split_gradient(graph: Graph, wrt, seeded=None, blocked=frozenset()) -> tuple
     joint = grad_graph(graph, wrt, seeded, blocked)
     optimized, report = optimize(joint)
     n_seeds = len(graph.outputs) if seeded is None else len(seeded)
-    return partition(optimized, len(graph.outputs), n_seeds), report
+    recompute = os.environ.get("HYBRIDNET_RECOMPUTE") == "1"
+    return partition(optimized, len(graph.outputs), n_seeds, recompute), report

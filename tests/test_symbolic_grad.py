@@ -126,7 +126,7 @@ def test_backward_order_is_topological_not_by_creation():
 # ---- forward / backward partition --------------------------------------------------------
 
 
-def _split_and_run(fn, arrays, wrt):
+def _split_and_run(fn, arrays, wrt, recompute=False):
     from compiler.partition import partition
     tensors, outs, graph = _record(fn, arrays, wrt)
     leaf = {id(t._node): i for i, t in enumerate(tensors)
@@ -137,7 +137,7 @@ def _split_and_run(fn, arrays, wrt):
     seeds = [rng.standard_normal(o.shape).astype(o._data.dtype) for o in outs]
     fed = [n.value for n in graph.inputs]
     want = joint.run(*fed, *seeds)
-    split = partition(joint, len(outs), len(seeds))
+    split = partition(joint, len(outs), len(seeds), recompute)
     split.forward.verify()
     split.backward.verify()
     fwd = split.forward.run(*fed)
@@ -150,11 +150,12 @@ def _split_and_run(fn, arrays, wrt):
 
 
 @pytest.mark.parametrize("case", GRAD_CASES, ids=[c.id for c in GRAD_CASES])
-def test_partition_of_every_primitive_reproduces_the_joint_graph(case):
+@pytest.mark.parametrize("recompute", [False, True], ids=["save", "recompute"])
+def test_partition_of_every_primitive_reproduces_the_joint_graph(case, recompute):
     arrays = make_inputs(case.inputs, np.float64, 11)
     wrt = case.wrt if case.wrt is not None else [
         i for i, a in enumerate(arrays) if isinstance(a, np.ndarray) and is_float(a)]
-    _split_and_run(case.fn, arrays, wrt)
+    _split_and_run(case.fn, arrays, wrt, recompute)
 
 
 def test_partition_of_an_mlp_saves_forward_values_and_recomputes_nothing_late():
@@ -226,11 +227,11 @@ def test_the_recompute_policy_moves_cheap_elementwise_values_into_the_backward()
     from compiler.partition import partition
     rng = np.random.default_rng(3)
     arrays = [rng.standard_normal(s) for s in [(6, 5), (5, 7), (7, 4)]]
-    split = _split_and_run(_gelu_mlp, arrays, [1, 2])  # (values equal the joint graph's)
-    tensors, outs, graph = _record(_gelu_mlp, arrays, [1, 2])
+    split = _split_and_run(_gelu_mlp, arrays, [1, 2], recompute=True)  # (values equal the
+    tensors, outs, graph = _record(_gelu_mlp, arrays, [1, 2])            # joint graph's)
     targets = [n for n in graph.inputs if n.requires_grad]
     joint = grad_graph(graph, targets)
-    plain = partition(joint, 1, 1, recompute=False)
+    plain = partition(joint, 1, 1)
     assert split.recomputed, "gelu's terms should be recomputed"
     size = lambda g, k: sum(int(np.prod(n.shape)) for n in g.forward.outputs[-k:])  # noqa: E731
     assert size(split, split.saved) <= size(plain, plain.saved)

@@ -421,7 +421,10 @@ def test_forwards_the_simplifier_rebuilds_compile_with_their_backward(name, fn, 
 # ---- regressions from the second review ----------------------------------------------------
 
 
-def test_recompute_never_reads_a_view_of_an_input_the_user_then_changes():
+@pytest.mark.parametrize("recompute", ["0", "1"])
+def test_recompute_never_reads_a_view_of_an_input_the_user_then_changes(recompute, monkeypatch):
+    monkeypatch.setenv("HYBRIDNET_RECOMPUTE", recompute)
+
     def f(x):
         return x.T.exp().sum()
 
@@ -496,3 +499,14 @@ def test_an_in_place_change_of_a_saved_intermediate_inside_the_call_runs_eagerly
         with pytest.raises(RuntimeError, match="modified by an in-place operation"):
             loss.backward()
     assert tf.stats.compiled_calls == 0
+
+
+def test_with_the_recompute_policy_on_an_mlp_still_gives_eager_gradients(monkeypatch):
+    monkeypatch.setenv("HYBRIDNET_RECOMPUTE", "1")
+    hn.manual_seed(5)
+    model = nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.Linear(8, 8), nn.Tanh(),
+                          nn.Linear(8, 3))
+    x, y = hn.randn(4, 6), hn.tensor([0, 1, 2, 1])
+    traced = _model_check(model, lambda f: F.cross_entropy(f(x), y))
+    bwd = traced._hot[0].traces[0].result.backward
+    assert bwd.split.recomputed and traced.stats.compiled_backwards == 2
