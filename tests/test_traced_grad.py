@@ -510,3 +510,20 @@ def test_with_the_recompute_policy_on_an_mlp_still_gives_eager_gradients(monkeyp
     traced = _model_check(model, lambda f: F.cross_entropy(f(x), y))
     bwd = traced._hot[0].traces[0].result.backward
     assert bwd.split.recomputed and traced.stats.compiled_backwards == 2
+
+
+def test_create_graph_replays_a_no_grad_block_without_history():
+    def f(w):
+        with hn.no_grad():
+            s = (w * w).sum()
+        return (w * w * w).sum() * s
+
+    tf = _compiled_third(f, lambda: (hn.tensor([0.5, -1.0], requires_grad=True),))
+    for fn in (f, tf):
+        w = hn.tensor([0.5, -1.0], requires_grad=True)
+        (g,) = hn.grad(fn(w), [w], create_graph=True)
+        (gg,) = hn.grad(g.sum(), [w])
+        if fn is f:
+            want = (g.detach().numpy(), gg.numpy())
+    np.testing.assert_allclose(g.detach().numpy(), want[0], rtol=1e-6)
+    np.testing.assert_allclose(gg.numpy(), want[1], rtol=1e-6)

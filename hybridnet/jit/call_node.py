@@ -23,6 +23,7 @@ from compiler.errors import OpError
 from compiler.registry import OpDef, Trait
 
 from .._state import STATE
+from ..autograd import no_grad
 from ..dispatch import EMIT, TapeNode, apply, node_of
 from ..tensor import Tensor, make, version_counter, wrap
 
@@ -167,7 +168,12 @@ class CallRecord:
         for i, inp in enumerate(graph.inputs):
             values[id(inp)] = value_of(wrt[i]) if i in wrt else wrap(arrays[i])
         for n in graph.nodes:
-            if id(n) not in values:
+            if id(n) in values:
+                continue
+            if id(n) in self.tg.blocked:  # (recorded under no_grad: replayed so)
+                with no_grad():
+                    values[id(n)] = _eager_node(n, values)
+            else:
                 values[id(n)] = _eager_node(n, values)
         roots = [values[id(graph.outputs[k])] for k in self.tg.grad_results]
         live = [(r, slots[s]) for s, r in enumerate(roots) if s in slots and r._rg]
