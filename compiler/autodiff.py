@@ -134,6 +134,17 @@ def mark_requires_grad(graph, wrt, blocked=frozenset()) -> None:
                 REGISTRY[node.op].differentiable and any(i.requires_grad for i in node.inputs)
 
 
+def viewed(node):
+    """`node`, then each value it views through single-input movement ops (x.T.reshape
+    yields the reshape, the permute, then x): whose buffer a read of `node` reads."""
+    while True:
+        yield node
+        if node.is_source or not REGISTRY[node.op].has(Trait.MOVEMENT) or \
+                len(node.inputs) != 1:
+            return
+        node = node.inputs[0]
+
+
 def inputs_read_by_vjps(graph) -> list:
     """Positions of the inputs of `graph` (marked by `mark_requires_grad`) whose values a
     vjp reads, directly or through movement ops: eager autograd checks their versions."""
@@ -143,11 +154,7 @@ def inputs_read_by_vjps(graph) -> list:
         if node.is_source or not node.requires_grad or "in" not in REGISTRY[node.op].saves:
             continue
         for inp in node.inputs:
-            while not inp.is_source and REGISTRY[inp.op].has(Trait.MOVEMENT) and \
-                    len(inp.inputs) == 1:
-                inp = inp.inputs[0]
-            if id(inp) in position:
-                found.add(position[id(inp)])
+            found.update(position[id(v)] for v in viewed(inp) if id(v) in position)
     return sorted(found)
 
 

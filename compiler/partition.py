@@ -18,7 +18,7 @@ Never from the call's inputs or results, which code outside may update in place.
 import os
 from dataclasses import dataclass
 
-from .autodiff import grad_graph
+from .autodiff import grad_graph, viewed
 from .ir import Graph, Node, collect
 from .passes.manager import optimize
 from .registry import REGISTRY, Trait
@@ -84,13 +84,7 @@ def _size(node) -> int:
 
 def _rooted(node, fixed) -> bool:
     """Is `node` one of `fixed`, or a view of one (through movement ops)?"""
-    while True:
-        if id(node) in fixed:
-            return True
-        if node.is_source or not REGISTRY[node.op].has(Trait.MOVEMENT) or \
-                len(node.inputs) != 1:
-            return False
-        node = node.inputs[0]
+    return any(id(v) in fixed for v in viewed(node))
 
 
 def _recompute(joint, saved, late, n_outputs) -> list:
