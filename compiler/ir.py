@@ -174,8 +174,9 @@ class Graph:
                     raise OpError(f"verify: {node!r} uses {inp!r} before it is defined")
             opdef = REGISTRY[node.op]
             if node.op != "input":
-                shape, dtype = opdef.check([i.shape for i in node.inputs],
-                                           [i.dtype for i in node.inputs], node.attrs)
+                shape, dtype = opdef.infer_node(node) if opdef.infer_node is not None else \
+                    opdef.check([i.shape for i in node.inputs], [i.dtype for i in node.inputs],
+                                node.attrs)
                 if tuple(shape) != tuple(node.shape) or np.dtype(dtype) != node.dtype:
                     raise OpError(f"verify: {node!r} recorded as {node.type_str()} but its rule "
                                   f"gives {np.dtype(dtype)}{list(shape)}")

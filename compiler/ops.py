@@ -219,4 +219,7 @@ register(OpDef(
     traits=_EW, saves=_IN, doc="convert to `dtype` (C-style truncation for float -> int)",
     noop_same_type=True))
 
-from . import ops_structural  # noqa: E402,F401  (registers the remaining primitives)
+from . import (  # noqa: E402,F401  (the remaining primitives; loop nodes for compiler.reroll)
+    loop,
+    ops_structural,
+)

@@ -22,6 +22,7 @@ from .autodiff import grad_graph, viewed
 from .ir import Graph, Node, collect
 from .passes.manager import optimize
 from .registry import REGISTRY, Trait
+from .reroll import reroll
 
 
 @dataclass
@@ -155,7 +156,7 @@ def split_gradient(graph: Graph, wrt, seeded=None, blocked=frozenset()) -> tuple
     simplification and CSE see both; dead values go), then split: returns
     `(Split, pass report)`."""
     joint = grad_graph(graph, wrt, seeded, blocked)
-    optimized, report = optimize(joint)
+    optimized, report = optimize(reroll(joint)[0])
     n_seeds = len(graph.outputs) if seeded is None else len(seeded)
     recompute = os.environ.get("HYBRIDNET_RECOMPUTE") == "1"
     return partition(optimized, len(graph.outputs), n_seeds, recompute), report

@@ -26,6 +26,7 @@ class Trait:
     SOURCE = "source"  # graph leaves: inputs and constants
     BROADCAST = "broadcast"  # out[i] is the input read at i with broadcasting (expand, detach)
     ARG_REDUCTION = "arg_reduction"  # a reduction to the index of an extreme (argmax)
+    CONTROL = "control"  # structured control flow made by passes (loops over a body graph)
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,6 +65,9 @@ class OpDef:
     # "max", "min") and where it starts ("zero", "lowest", "highest").
     combine: str = None
     initial: str = None
+    # infer_node(node) -> (shape, dtype), for ops whose type depends on more than their
+    # operands' types (a loop's projections: on the loop's attributes)
+    infer_node: Callable = None
 
     @property
     def differentiable(self) -> bool:

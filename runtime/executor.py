@@ -53,7 +53,8 @@ class Executable:
         self.last_exit = None  # (kind, value seen while tracing, value now) of the last exit
         # No guards, write-backs or 0-d values: the kernel's tuple is the answer.
         self.plain = not (self.guards or self.writebacks or self.scalar_inputs or
-                          self.scalar_outputs or self.copies)
+                          self.scalar_outputs or self.copies or
+                          getattr(kernel.program, "may_exit", False))
         self.single = bool(getattr(kernel.program, "single_output", False))
 
     def prepare(self, arrays):
@@ -81,7 +82,9 @@ class Executable:
         except Exception as exc:
             if type(exc).__module__.startswith("numba."):
                 raise  # (the caller turns a backend rejection into an eager fallback)
-            if self.guards:  # maybe a path eager would not take: nothing was written yet
+            if self.guards or str(exc).startswith("hn-loop"):
+                # a value guard's path eager would not take, or sizes that give a loop no
+                # trip count (compiler.lowering.loop_rule): nothing was written yet
                 self.side_exits += 1
                 self.last_exit = ("error", type(exc).__name__, str(exc)[:100])
                 return SIDE_EXIT

@@ -123,6 +123,7 @@ def compile_program(program):
 
 def compile_single(program) -> CompiledKernel:
     """One jitted function for `program` (its `entry`), from the disk cache if there."""
+    _resolve_bodies(program)
     try:
         cached = _from_disk(program)
     except Exception:  # noqa: BLE001  (an unusable cache never stops compilation)
@@ -143,6 +144,21 @@ def _in_memory(program) -> CompiledKernel:
     exec(compile(program.source, filename, "exec"), namespace)  # noqa: S102 (our own codegen)
     fn = numba.njit(**_options(program))(namespace[program.entry])
     return CompiledKernel(fn, program.source, filename, program)
+
+
+# Loop bodies (a Program among a program's globals, see compiler.lowering.loop_rule), by
+# source: compiled once per process and called from the entries that run the loop.
+_BODIES = {}
+
+
+def _resolve_bodies(program):
+    """Replace each Program among `program.globals` by its jitted function."""
+    for name, value in list(program.globals.items()):
+        if hasattr(value, "source") and hasattr(value, "entry") and hasattr(value, "units"):
+            kernel = _BODIES.get(value.source)
+            if kernel is None:
+                kernel = _BODIES[value.source] = compile_single(value)
+            program.globals[name] = kernel.jitted
 
 
 # ---- the disk cache ---------------------------------------------------------------------
@@ -208,9 +224,12 @@ def module_source(program):
             lines.append(f"{name} = {text}")
             continue
         py = getattr(value, "py_func", None)
-        if py is None or "<" in py.__qualname__:
+        if py is None or "<" in py.__qualname__ or not py.__module__:
             return None  # other live objects stay in memory
-        lines.append(f"from {py.__module__} import {py.__name__} as {name}")
+        # (a loop body from the disk cache: its module holds the jitted entry as well)
+        attr = f"jitted_{py.__name__}" if py.__module__.startswith("hybridnet_kernel_") \
+            else py.__name__
+        lines.append(f"from {py.__module__} import {attr} as {name}")
     return "\n".join(lines) + "\n\n\n" + program.source
 
 
@@ -262,7 +281,10 @@ def _from_disk(program):
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # Numba's cache re-imports the module by name
         spec.loader.exec_module(module)
-    fn = numba.njit(cache=True, **_options(program))(getattr(module, program.entry))
+    fn = getattr(module, f"jitted_{program.entry}", None)
+    if fn is None:
+        fn = numba.njit(cache=True, **_options(program))(getattr(module, program.entry))
+        setattr(module, f"jitted_{program.entry}", fn)  # (what loops that call it import)
     linecache.checkcache(path)
     kernel = CompiledKernel(fn, program.source, path, program)
     kernel.from_disk = True

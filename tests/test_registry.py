@@ -17,9 +17,12 @@ OPS = sorted(REGISTRY)
 KNOWN_TRAITS = {v for k, v in vars(Trait).items() if k.isupper()}
 SOURCES = {n for n, d in REGISTRY.items() if d.has(Trait.SOURCE)}
 COMPARISONS = {n for n, d in REGISTRY.items() if d.has(Trait.COMPARISON)}
+# Structured control flow that passes make after autodiff (loop nodes, tested by
+# test_reroll.py on rerolled graphs rather than by the per-primitive tables).
+CONTROL = {n for n, d in REGISTRY.items() if d.has(Trait.CONTROL)}
 # The only primitives allowed to have no gradient at all, besides comparisons and sources
 # (detach stops gradients by definition).
-NOT_DIFFERENTIABLE = {"argmax", "argmin", "detach"} | COMPARISONS | SOURCES
+NOT_DIFFERENTIABLE = {"argmax", "argmin", "detach"} | COMPARISONS | SOURCES | CONTROL
 
 
 def _params(fn) -> set:
@@ -59,10 +62,14 @@ def test_the_non_differentiable_primitives_are_exactly_the_expected_ones():
 
 
 def test_every_primitive_has_a_test_case():
-    missing = set(REGISTRY) - SOURCES - {c.op for c in CASES}
+    missing = set(REGISTRY) - SOURCES - CONTROL - {c.op for c in CASES}
     assert not missing, f"primitives without a case in test_primitives.CASES: {missing}"
     unknown = {c.op for c in CASES} - set(REGISTRY)
     assert not unknown
+
+
+def test_the_control_ops_are_the_loop_nodes():
+    assert CONTROL == {"loop", "loop_out"}
 
 
 def test_every_differentiable_primitive_has_a_gradient_case():

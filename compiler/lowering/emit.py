@@ -38,6 +38,7 @@ class Program:
     chunks: list = field(default_factory=list)
     driver: str = ""
     cost: int = 0  # emitted lines (comments aside) Numba compiles
+    may_exit: bool = False  # raises "hn-loop..." for sizes that give a loop no trip count
 
 
 class Context:
@@ -53,6 +54,8 @@ class Context:
         self.mathlib = mathlib or {}
         self.shape_generic = True
         self.uses_blas = False
+        self.may_exit = False  # a loop whose trip count comes from sizes (loop_rule)
+        self.bodies = {}  # LoopSpec key -> (its body's Program, outputs that may alias)
         self._consts = {}
 
     def var(self, node) -> str:

@@ -9,6 +9,7 @@ import numpy as np
 from .. import blas
 from ..errors import LoweringError
 from ..ir import pad_shape as _pad
+from .loop_rule import emit_loop, emit_loop_out
 from .rules import is_reduction
 
 
@@ -44,7 +45,16 @@ def _permute(em, node, x):
 
 def _slice(em, node, x):
     _static(em)
-    em.emit(f"{em.ctx.var(node)} = {x}[{em.ctx.slice_text(node.attrs['index'])}]")
+    v = em.ctx.var(node)
+    em.emit(f"{v}_x = {x}")
+    # (a kernel shared by calls of other lengths, hybridnet.jit.dynamic, must not slice
+    # past a shorter sequence's end: NumPy would clip; that call runs eagerly instead)
+    short = " or ".join(f"{v}_x.shape[{d}] < {b}" for d, (_, b, _) in
+                        enumerate(node.attrs["index"]) if b > 1)
+    if short:
+        em.emit(f"if {short}:")
+        em.emit("    raise ValueError('hn-loop: a slice reaches past a shorter input')")
+    em.emit(f"{v} = {v}_x[{em.ctx.slice_text(node.attrs['index'])}]")
 
 
 def _pad_slice(em, node, x):
@@ -249,6 +259,7 @@ def fresh_output(node) -> bool:
 
 
 NODE_RULES = {
+    "loop": emit_loop, "loop_out": emit_loop_out,
     "reshape": _reshape, "permute": _permute, "slice": _slice, "pad_slice": _pad_slice,
     "cat": _cat, "matmul": _matmul, "take": _take, "scatter_add": _scatter_add,
     "argmax": _argreduce, "argmin": _argreduce,

@@ -72,7 +72,7 @@ def lower(graph, mathlib=None, parallel=False, budget=None) -> Program:
                             f"{MAX_UNITS}); it runs eagerly")
     program, costs = _lower_single(graph, units, mathlib, parallel)
     budget = kernel_budget() if budget is None else budget
-    if program.cost > budget:
+    if program.cost > budget and not any(n.op == "loop" for n in graph.nodes):
         program = lower_split(graph, units, costs, mathlib, parallel, budget) or program
     check_cap(program)
     return program
@@ -89,9 +89,33 @@ def check_cap(program) -> None:
             f"{len(program.units)} fused units run eagerly instead")
 
 
+_BODIES = {}  # LoopSpec key -> (body Program, which body outputs may alias an input)
+_UNBOUNDED = 1 << 30  # a loop body is one function (it is called from machine code)
+
+
+def _lower_bodies(graph, mathlib) -> dict:
+    """The lowered body of each loop node (memoized by the loop's structure): a Program
+    the loop's entry calls, and which body outputs may be an input's array or a view of
+    one (copied when they leave the loop)."""
+    found = {}
+    for node in graph.nodes:
+        spec = node.attrs.get("spec") if node.op == "loop" else None
+        if spec is None or spec.key in found:
+            continue
+        body = _BODIES.get(spec.key)
+        if body is None:
+            check_supported(spec.body)
+            program = lower(spec.body, mathlib, parallel=False, budget=_UNBOUNDED)
+            aliased = [node_rules.view_root(o).op == "input" for o in spec.body.outputs]
+            body = _BODIES[spec.key] = (program, aliased)
+        found[spec.key] = body
+    return found
+
+
 def _lower_single(graph, units, mathlib, parallel):
     """The one-entry program plus each unit's cost in code lines."""
     ctx = Context(graph, mathlib, parallel)
+    ctx.bodies = _lower_bodies(graph, mathlib)
     em = _Emitter(graph, ctx)
     units_of = {}
     for unit in units:
@@ -116,6 +140,7 @@ def _lower_single(graph, units, mathlib, parallel):
     program.single_output = len(outs) == 1
     program.parallel = ctx.uses_prange
     program.large_products = large
+    program.may_exit = ctx.may_exit
     program.cost = sum(costs) + 2
     program.notes.append(f"buffers reused: {em.planner.reused}")
     return program, costs

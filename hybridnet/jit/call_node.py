@@ -21,6 +21,7 @@ from compiler.autodiff import OwnBackward
 from compiler.autodiff import backward as engine_backward
 from compiler.errors import OpError
 from compiler.registry import OpDef, Trait
+from runtime.executor import SIDE_EXIT
 
 from .._state import STATE
 from ..autograd import no_grad
@@ -45,7 +46,7 @@ class CallNode(TapeNode, OwnBackward):
     """The one autograd node of a compiled call. `value` holds the saved arrays (None
     once freed); `call`: the `CallRecord` with the compiled backward."""
 
-    __slots__ = ("call", "replay", "done", "walked")
+    __slots__ = ("call", "replay", "done", "walked", "seed_shapes")
 
     def merge(self, e, old, g):
         index, grad = g
@@ -112,6 +113,9 @@ class CallRecord:
         call.value = tuple(outs[self.n_graph_out:])
         call.ref, call.call, call.done, call.walked = None, self, set(), set()
         call.replay = (arrays, tuple(_versions(input_tensors)))
+        # (this call's result shapes: with symbolic lengths, not always the trace's)
+        call.seed_shapes = [(leaves[k]._data.shape, dtype)
+                            for k, (_, dtype) in zip(self.tg.grad_results, self.seed_shapes)]
         for slot, k in enumerate(self.tg.grad_results):
             t = leaves[k]
             node = CallOutput("compiled_call_output", (call,), {}, t._data.shape,
@@ -135,13 +139,17 @@ class CallRecord:
         if STATE.grad:  # create_graph=True: eager's own higher-order graph
             return self._eager_backward(node, slots, value_of)
         seeds = []
-        for slot, (shape, dtype) in enumerate(self.seed_shapes):
+        for slot, (shape, dtype) in enumerate(node.seed_shapes):
             g = slots.get(slot)
             seeds.append(np.zeros(shape, dtype) if g is None else
                          np.ascontiguousarray(g._data, dtype=dtype))
         kernel = self.bwd.kernel
         first = not kernel.compiled  # (Numba compiles at the first run)
         outs = self.bwd.executable.run(list(node.value) + seeds)
+        if outs is SIDE_EXIT:  # (a loop found no trip count: never expected)
+            raise RuntimeError("the compiled backward of a traced call cannot run on these "
+                               f"lengths ({self.bwd.executable.last_exit}); trace it with "
+                               "dynamic=False")
         if first:
             self.stats.compile_seconds += kernel.compile_seconds
         self.stats.compiled_backwards += 1
@@ -155,6 +163,10 @@ class CallRecord:
             raise RuntimeError("create_graph=True through a traced call whose saved values "
                                "a backward() freed: pass retain_graph=True to that one")
         arrays, versions = node.replay
+        if any(a.shape != tuple(i.shape) for a, i in zip(arrays, self.tg.graph.inputs)):
+            raise RuntimeError("create_graph=True through a traced call whose loop ran another "
+                               "length than the one traced: trace the function with "
+                               "dynamic=False to differentiate it twice")
         for vc, version in versions:
             if vc[0] != version:
                 raise RuntimeError("one of the values needed for gradient computation has "

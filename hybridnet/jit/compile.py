@@ -18,9 +18,12 @@ from compiler.lowering.numba_codegen import (
 )
 from compiler.partition import split_gradient
 from compiler.passes.manager import optimize as run_passes
+from compiler.reroll import reroll
 from runtime.cache import KERNELS as _KERNELS
 from runtime.executor import Executable
 from runtime.numba_engine import compile_program
+
+from .dynamic import loop_trips, program_key
 
 
 def _mathlib():
@@ -74,6 +77,7 @@ class CompileResult:
         self.reused = reused
         self.seconds = seconds
         self.backward = None  # Backward, for a trace whose results carry gradients
+        self.loop_trips = ()  # the trip counts of its loops that iterate over sizes
 
 
 def compile_trace(tg, dynamic) -> CompileResult:
@@ -94,12 +98,13 @@ def compile_trace(tg, dynamic) -> CompileResult:
         split, report = split_gradient(tg.graph, wrt, tg.grad_results, tg.blocked)
         forward = split.forward
     else:
-        forward, report = optimize(tg.graph)
+        forward, report = optimize(reroll(tg.graph)[0])
     exe, kernel, program, reused = _compile_graph(
         forward, dynamic, tg.n_results, tg.guards, tg.writebacks, tg.fresh,
         [k for _, k, same, _ in tg.grad_writes if k is not None and same is None],
         len(tg.graph.outputs) if tg.grad_results else None)
     result = CompileResult(exe, forward, program, kernel, report, reused, 0.0)
+    result.loop_trips = loop_trips(forward)
     if tg.grad_results:
         n = len(split.backward.outputs)
         bexe, bkernel, bprogram, breused = _compile_graph(
@@ -149,7 +154,15 @@ def _compile_graph(optimized, dynamic, n_results, guards, writebacks, fresh, own
     reused = cached is not None
     if cached is None:
         program = lower(optimized, _mathlib(), parallel=big, budget=budget)
-        kernel = compile_program(program)
+        # (graphs that differ only in sizes the code never names lower to the same source)
+        source_key = ("source",) + program_key(program)
+        cached = _KERNELS.get(source_key) if dynamic is not False else None
+        reused = cached is not None
+        if cached is None:
+            kernel = compile_program(program)
+            _KERNELS.put(source_key, (kernel, program))
+        else:
+            kernel, program = cached
         key = generic_key if program.shape_generic else exact_key
         _KERNELS.put(key, (kernel, program))
         _KERNELS.setdefault(generic_key, (kernel, program))

@@ -1,5 +1,6 @@
 """`hn.explain(fn, *args)`: what the JIT captured, guarded, fused, compiled or refused."""
 
+from compiler.loop import describe as describe_loops
 from compiler.passes.fusion import describe as describe_units
 
 from .keys import describe_meta
@@ -29,6 +30,8 @@ class ExplainReport:
                      f"trace time {s['trace_seconds']:.3f}s")
         for i, spec in enumerate(self.specializations):
             lines.append(f"\n-- specialization {i}: {spec['inputs']}")
+            if spec["symbolic"]:
+                lines.append(f"   symbolic sizes (*, loop trip counts): {spec['symbolic']}")
             if spec["fallback"]:
                 lines.append(f"   runs eagerly: {spec['fallback']}")
             for j, tr in enumerate(spec["traces"]):
@@ -56,6 +59,9 @@ def _trace_lines(j, tr):
                                               for p in tr["passes"]))
     lines.append("     fused kernels:")
     lines.extend("       " + ln for ln in tr["kernels"])
+    if tr["loops"]:
+        lines.append("     rerolled loops (compiler.reroll):")
+        lines.extend("       " + ln for ln in tr["loops"])
     bwd = tr.get("backward")
     if bwd:
         lines.append(f"     backward (compiled{', kernel reused' if bwd['reused'] else ''}; "
@@ -68,13 +74,20 @@ def _trace_lines(j, tr):
         lines.extend("       " + ln for ln in bwd["graph"].splitlines())
         lines.append("     backward kernels:")
         lines.extend("       " + ln for ln in bwd["kernels"])
+        if bwd["loops"]:
+            lines.append("     backward loops:")
+            lines.extend("       " + ln for ln in bwd["loops"])
     return lines
 
 
 def _spec_dict(spec) -> dict:
     metas = spec.key[1] if isinstance(spec.key, tuple) and len(spec.key) > 1 else ()
     inputs = ", ".join(describe_meta(m) for m in metas)
-    return {"inputs": f"({inputs})", "fallback": spec.fallback,
+    least = {(i, d): m for t in spec.traces for i, d, m in t.min_sizes}
+    symbolic = "; ".join(f"dim {d} of tensor argument {i}" + (
+        f" (sizes below {least[(i, d)]} run eagerly)" if (i, d) in least else "")
+        for i, d in sorted(spec.symbolic))
+    return {"inputs": f"({inputs})", "fallback": spec.fallback, "symbolic": symbolic,
             "traces": [_trace_dict(t) for t in spec.traces]}
 
 
@@ -90,6 +103,7 @@ def _trace_dict(tr) -> dict:
         "kernels": describe_units(res.program.units), "source": res.kernel.source,
         "compile_seconds": res.seconds + res.kernel.compile_seconds, "reused": res.reused,
         "writebacks": len(tr.tg.writebacks), "backward": _backward_dict(res.backward),
+        "loops": describe_loops(res.optimized),
     }
 
 
@@ -103,7 +117,7 @@ def _backward_dict(bwd):
             "saved": [f"{n.op} {n.type_str()}" for n in saved],
             "recomputed": [f"{n.op} {n.type_str()}" for n in bwd.split.recomputed or ()],
             "kernels": describe_units(bwd.program.units), "source": bwd.kernel.source,
-            "reused": bwd.reused}
+            "reused": bwd.reused, "loops": describe_loops(bwd.split.backward)}
 
 
 def _source_text(src) -> str:

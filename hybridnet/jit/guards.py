@@ -40,6 +40,7 @@ class _Writer:
         self.lines, self.ns, self.flat = [], {"STATE": STATE, "SV": STRUCTURE_VERSION}, []
         self.complex_env = False
         self.modules = set()  # ids of the modules already checked
+        self.symbolic = {}  # flat index -> the dims whose sizes are symbolic
 
     def const(self, value, prefix="K") -> str:
         name = f"{prefix}{len(self.ns)}"
@@ -61,7 +62,14 @@ def _value(w, var, obj):
         d = obj._data
         w.fail_unless(f"{var}.__class__ is {w.const(type(obj), 'C')}")
         data = w.bind(f"{var}._data")
-        w.fail_unless(f"{data}.shape == {d.shape!r} and {data}.dtype == "
+        symbolic = w.symbolic.get(len(w.flat))
+        if symbolic:  # (sizes a loop iterates over: any, dynamic.py)
+            shape = w.bind(f"{data}.shape")
+            sizes = " and ".join([f"len({shape}) == {d.ndim}"] + [
+                f"{shape}[{k}] == {s}" for k, s in enumerate(d.shape) if k not in symbolic])
+        else:
+            sizes = f"{data}.shape == {d.shape!r}"
+        w.fail_unless(f"{sizes} and {data}.dtype == "
                       f"{w.const(d.dtype, 'D')} and {var}._rg is {obj._rg}")
         w.flat.append(var)
     elif isinstance(obj, _SCALARS):
@@ -157,11 +165,15 @@ def _reach_all(w, fn):
         w.complex_env = True
 
 
-def make_guard(args, kwargs, key, fn=None, module=None, same=None, bound=None):
+def make_guard(args, kwargs, key, fn=None, module=None, same=None, bound=None,
+               symbolic=()):
     """The guard function for a specialization first seen on `args`/`kwargs` with static
-    `key` (fn: the plain function whose environment is keyed; module: a traced Module).
+    `key` (fn: the plain function whose environment is keyed; module: a traced Module;
+    symbolic: (flat index, dim) pairs whose sizes any call may have).
     Returns (guard, VER cell to refresh with STRUCTURE_VERSION)."""
     w = _Writer()
+    for i, d in symbolic:
+        w.symbolic.setdefault(i, set()).add(d)
     w.ns.update(VK=value_key, MOK=module_objects_key, EK=env_key, SK=env_value_key,
                 VER=[STRUCTURE_VERSION[0]])
     w.fail_unless(f"len(args) == {len(args)}")

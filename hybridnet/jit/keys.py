@@ -322,7 +322,8 @@ def _describe_metas(new, old) -> str:
 def describe_meta(m) -> str:
     """One tensor input of a key as text: 'float32[3, 4] requires_grad'."""
     shape, dtype, rg = m[:3]
-    return f"{dtype}{list(shape)}{' requires_grad' if rg else ''}"
+    dims = ", ".join("*" if s is None else str(s) for s in shape)  # (*: any size, dynamic.py)
+    return f"{dtype}[{dims}]{' requires_grad' if rg else ''}"
 
 
 def _describe_env(new, old) -> str:

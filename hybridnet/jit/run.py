@@ -29,6 +29,7 @@ class Trace:
         self.result = result
         self.stats = stats
         self._targets = frozenset(t for _, t in tg.writebacks)
+        self.min_sizes = ()  # (flat index, dim, least size) once its lengths are symbolic
         self._simple = all(s.kind == "arg" for s in tg.sources) and not tg.checks
         self._arg_index = [s.index for s in tg.sources]
         self._single = tg.result_spec == ("T",) and tg.outputs == [("out", 0)] and \
@@ -90,6 +91,12 @@ class Trace:
         return run
 
     def _run(self, flat) -> Outcome:
+        for i, d, least in self.min_sizes:  # (symbolic lengths: dynamic.py)
+            if flat[i]._data.shape[d] < least:
+                self.result.executable.last_exit = (
+                    "error", "ValueError", f"hn-loop: size {flat[i]._data.shape[d]} of "
+                    f"tensor argument {i} is below the {least} its loops need")
+                return SIDE_EXIT
         arrays = self.gather(flat)
         if arrays is None:
             return STALE
@@ -134,7 +141,7 @@ class Trace:
             else:
                 # (an array of its own: the executable copied it if the kernel's could be
                 # shared, compile._aliased_results)
-                g = wrap(outs[k].reshape(self.tg.graph.outputs[k].shape))
+                g = wrap(outs[k].reshape(owner._data.shape))
                 if version:
                     g._vc = [version]
                 owner._grad = g

@@ -24,6 +24,7 @@ from ..dispatch import node_of
 from ..nn.module import STRUCTURE_VERSION, Module
 from .build import Untraceable, build
 from .compile import LoweringError, compile_trace
+from .dynamic import differing_dims, least_sizes, mask_key, mask_metas, same_code, trip_dims
 from .guards import make_guard
 from .keys import (
     describe_key_difference,
@@ -66,6 +67,7 @@ class Specialization:
         self.guard = None  # generated hit test (guards.py), once a trace compiled
         self.version = None  # its STRUCTURE_VERSION cell
         self.pending = None  # (guard, cell) made before the first recording
+        self.symbolic = frozenset()  # (flat index, dim) sizes it serves any value of
 
 
 class TracedFunction:
@@ -90,6 +92,7 @@ class TracedFunction:
         self._globals_size = -1
         self._refresh_env()
         self._hot = []  # specializations with a guard function, most recently hit first
+        self._symbolic = {}  # argument structure -> its symbolic (flat index, dim) sizes
         self._stale = {}  # key -> how often its traces went stale
         self._hn_traced_fn = self
         if self.module is None:
@@ -113,6 +116,9 @@ class TracedFunction:
     def _key(self, flat, spec):
         self._refresh_env()
         metas = tuple((t._data.shape, t._data.dtype, t._rg, t.__class__) for t in flat)
+        symbolic = self._symbolic.get(spec) if self._symbolic else None
+        if symbolic:
+            metas = mask_metas(metas, symbolic)
         key = (spec, metas, STATE.grad, same_tensors(flat))
         if self.module is not None:
             key += (module_key(self.module),)
@@ -253,6 +259,40 @@ class TracedFunction:
         if entry.guard is None and entry.pending is not None:
             entry.guard, entry.version = entry.pending
             self._promote(entry)
+        if res.loop_trips and self.dynamic is not False:
+            self._generalize(entry, args, kwargs)
+
+    def _generalize(self, entry, args, kwargs):
+        """Merge `entry` into a specialization it differs from only in the lengths its
+        loops iterate over, when both run the same code: those sizes become symbolic
+        (see dynamic.py)."""
+        if len(entry.traces) != 1:
+            return
+        mine = entry.traces[0]
+        for other in list(self.specializations.values()):
+            if other is entry or len(other.traces) != 1 or other.fallback is not None:
+                continue
+            dims = differing_dims(other.key, entry.key)
+            theirs = other.traces[0]
+            if not dims or not trip_dims(other.key, entry.key, dims, theirs.result.loop_trips,
+                                         mine.result.loop_trips) or not same_code(theirs, mine):
+                continue
+            spec = entry.key[0]
+            symbolic = self._symbolic[spec] = self._symbolic.get(spec, frozenset()) | dims
+            self._forget(entry)
+            self._forget(other)
+            other.key = mask_key(other.key, symbolic)
+            other.symbolic = symbolic
+            theirs.min_sizes = least_sizes(theirs, symbolic)
+            other.guard, other.version = make_guard(
+                args, kwargs, other.key, fn=self._env_fn if self._has_env else None,
+                module=self.module, same=other.key[3], bound=self._self, symbolic=symbolic)
+            self.specializations.put(other.key, other)
+            self._promote(other)
+            self.stats.event("generalize", "loop trip counts made symbolic (sizes "
+                             f"{_describe_dims(symbolic)}): one specialization serves "
+                             "every length")
+            return
 
     def _promote(self, entry):
         if self._hot and self._hot[0] is entry:
@@ -280,6 +320,8 @@ class TracedFunction:
             return self._eager(args, kwargs)
         self.stats.side_exits += 1
         self.stats.event("side_exit", _describe_exit(entry) + "; this call runs eagerly")
+        if entry.symbolic:  # (its code is confirmed for the lengths it covers only)
+            return self._eager(args, kwargs)
         return self._trace_and_compile(entry, flat, args, kwargs, first=False)
 
     def _stale_trace(self, entry, trace, flat, args, kwargs):
@@ -375,10 +417,16 @@ def _describe_exit(entry) -> str:
         seen = trace.result.executable.last_exit
         if seen is not None:
             kind, expected, now = seen
+            if kind == "error" and now.startswith("hn-loop"):
+                return f"these sizes are outside what the compiled loops cover ({now[9:]})"
             if kind == "error":
                 return f"the kernel raised {expected} ({now}) where a value guard decides"
             return f"value guard {kind}() saw {expected!r} while tracing, {now!r} now"
     return "a value guard failed"
+
+
+def _describe_dims(dims) -> str:
+    return ", ".join(f"dim {d} of tensor argument {i}" for i, d in sorted(dims))
 
 
 def _ints_in(key) -> frozenset:

@@ -1,0 +1,575 @@
+"""Loop rerolling: a region recorded several times in a row becomes one `loop` node.
+
+Tracing a Python loop records its body once per step. `reroll(graph)` finds the
+longest run of nodes that repeats with some period (the same ops, attributes and
+types, step after step), checks its dataflow, and replaces it by a loop node
+(`compiler.loop`) whose body graph is one step. Each input of a step's node is then
+one of:
+
+- internal: a node of the same step;
+- carried: a node of the previous step (the first step reads an initial value);
+- invariant: the same value outside the region at every step (weights);
+- a sequence: a slice of one outside value whose start moves by a fixed stride from
+  step to step (`x[t]`, `x[:, t:t+1]`, or a value an earlier loop collected, read
+  back in reverse by a backward loop).
+
+Values of a step used after the region are collected: the loop writes step k's value
+into block k of one output, laid out as the `cat` that used them builds it; other uses
+read their block back with a `slice`. Anything else (a step reading the step before
+last, a per-step constant) leaves the region unrolled: rerolling never changes what
+the graph computes, only how it is laid out. Invariant pure values (a weight's
+transpose) are hoisted out of the steps first, so every step looks alike.
+"""
+
+from collections import Counter
+
+from .ir import Graph, Node
+from .loop import Collect, LoopSpec, Pick, SeqIn
+from .passes.cse import attr_key, node_key
+from .passes.dce import DeadCodeElimination
+from .passes.manager import optimize
+from .passes.rewrite import rewrite_graph
+from .registry import REGISTRY, Trait
+
+MIN_TRIPS = 3  # fewer repetitions stay unrolled
+MIN_NODES = 8  # nor are regions of fewer nodes rerolled
+MAX_PERIODS = 8  # candidate periods tried per region search
+MAX_LOOPS = 8  # loops made per graph
+
+
+def reroll(graph: Graph) -> tuple:
+    """A copy of `graph` with its repeated regions as loop nodes; returns (graph, loops),
+    `loops` the number of loop nodes made (0: the copy computes as `graph` does)."""
+    g = graph.clone()
+    _merge_copies(g)
+    g, _ = DeadCodeElimination().run(g)
+    _hoist_invariants(g)
+    made = 0
+    while made < MAX_LOOPS:
+        region = _find_region(g)
+        if region is None:
+            break
+        _rewrite(g, region)
+        made += 1
+    if made:
+        _pick_single_steps(g)
+    return g, made
+
+
+def has_loops(graph: Graph) -> bool:
+    """True when `graph` holds a loop node."""
+    return any(REGISTRY[n.op].has(Trait.CONTROL) for n in graph.nodes)
+
+
+# ---- preparation ----------------------------------------------------------------------
+
+
+def _is_slice(node) -> bool:
+    return node.op == "slice"
+
+
+def _merge_copies(g: Graph) -> None:
+    """CSE, except for array constants: each step's copy of an invariant value (a weight's
+    transpose) becomes one value, while equal initial states (h = zeros(...) and c =
+    zeros(...)) stay apart, as the steps that follow treat them apart."""
+    seen = {}
+
+    def first_of(node):
+        if not REGISTRY[node.op].has(Trait.PURE) or (node.op == "const" and node.shape):
+            return None
+        first = seen.setdefault(node_key(node), node)
+        return None if first is node else first
+    rewrite_graph(g, first_of)
+
+
+def _hoist_invariants(g: Graph) -> None:
+    """Move pure values computed from inputs and scalar constants only (and not from
+    slices, which may be a loop's per-step reads) to the front, so a step's copy of them
+    (merged by CSE into the first step) does not make the first step differ."""
+    fixed = set()
+    front, rest = [], []
+    for node in g.nodes:
+        opdef = REGISTRY[node.op]
+        if node.is_source:
+            # (array constants are often a loop's initial state, h = zeros(...): what the
+            # first step computes from them stays in the first step)
+            if node.op != "const" or not node.shape:
+                fixed.add(id(node))
+            front.append(node)
+        elif opdef.has(Trait.PURE) and not _is_slice(node) and \
+                all(id(i) in fixed for i in node.inputs):
+            fixed.add(id(node))
+            front.append(node)
+        else:
+            rest.append(node)
+    g.nodes = front + rest
+
+
+# ---- finding a region -------------------------------------------------------------------
+
+
+def _signature(node) -> tuple:
+    """What two steps' copies of a node share: op, attributes (a slice's starts aside),
+    type, and its operands' types."""
+    if _is_slice(node):
+        attrs = tuple((b - a, c) for a, b, c in node.attrs["index"])
+    else:
+        attrs = tuple(sorted((k, attr_key(v)) for k, v in node.attrs.items()))
+    ins = tuple((tuple(i.shape), i.dtype.str) for i in node.inputs)
+    return (node.op, attrs, tuple(node.shape), node.dtype.str, ins)
+
+
+def _candidates(ids) -> list:
+    """(coverage, start, period, length) of periodic runs, best first: positions
+    start .. start + length - 1 repeat with the period."""
+    where = {}
+    for i, s in enumerate(ids):
+        where.setdefault(s, []).append(i)
+    gaps = Counter()
+    for positions in where.values():
+        gaps.update(b - a for a, b in zip(positions, positions[1:]))
+    periods = [p for p, c in gaps.most_common(MAX_PERIODS) if c >= MIN_TRIPS - 1]
+    found, n = [], len(ids)
+    for p in periods:
+        i = 0
+        while i < n - p:
+            if ids[i] != ids[i + p]:
+                i += 1
+                continue
+            j = i
+            while j < n - p and ids[j] == ids[j + p]:
+                j += 1
+            length = j - i + p
+            if length // p >= MIN_TRIPS and length >= MIN_NODES:
+                found.append(((length // p) * p, i, p, length))
+            i = j
+    found.sort(key=lambda c: (-c[0], c[2]))
+    return found
+
+
+def _rotations(seq, start, p, length) -> list:
+    """Where in the run a step may begin: offsets whose step boundary the fewest values
+    cross (the fewest carried values), measured on two steps mid-run, and offsets just
+    before a slice (a step's read of its sequence)."""
+    s0 = start + max(0, (length // p) // 2 - 1) * p
+    window = seq[s0:min(s0 + 2 * p, start + length)]
+    pos = {id(n): i for i, n in enumerate(window, s0)}
+    last = {}
+    for b, node in enumerate(window, s0):
+        for inp in node.inputs:
+            a = pos.get(id(inp))
+            if a is not None and b - a <= p:
+                last[a] = max(last.get(a, b), b)
+    diff = [0] * (p + 1)
+    for a, b in last.items():
+        lo, hi = max(0, a - s0 - p + 1), min(p, b - s0 - p + 1)
+        if lo < hi:
+            diff[lo] += 1
+            diff[hi] -= 1
+    counts, running = [], 0
+    for r in range(p):
+        running += diff[r]
+        counts.append(running)
+    low = min(counts)
+    best = [r for r in range(p) if counts[r] == low][:2]
+    heads = [r for r in range(p) if s0 + p + r < len(seq) and _is_slice(seq[s0 + p + r])]
+    return list(dict.fromkeys(best + heads[:4]))
+
+
+class _Region:
+    """A validated region: `steps[k][j]` is node j of step k."""
+
+    def __init__(self, steps):
+        self.steps = steps
+        self.period, self.trips = len(steps[0]), len(steps)
+        self.carried = []  # (j of the value carried, its initial node)
+        self.slots = {}  # (j, q) -> ("in", j2) | ("carry", c) | ("inv", node) | ("seq", s)
+        self.seq_nodes = {}  # j -> sequence index (a slice node of the step itself)
+        self.seqs = []  # (base node, SeqIn)
+
+
+# Steps dropped at the front and at the back of a periodic run, fewest first.
+_TRIMS = sorted(((f, b) for f in range(4) for b in range(4)), key=lambda t: (sum(t), t))
+
+
+def _find_region(g: Graph):
+    """The best region to reroll: of the longest periodic run that has one, the step
+    rotation and trim that leave the most nodes in the loop (then the fewest carried)."""
+    seq = [n for n in g.nodes if not n.is_source]
+    table = {}
+    ids = [table.setdefault(_signature(n), len(table)) for n in seq]
+    for _, start, p, length in _candidates(ids)[:MAX_PERIODS * 2]:
+        best = None
+        for r in _rotations(seq, start, p, length):
+            for front, back in _TRIMS:  # (the first and last steps often differ a little)
+                s, k = start + r + front * p, (length - r) // p - front - back
+                if k < MIN_TRIPS or (best is not None and k * p < best[0]):
+                    continue
+                region = _validate([seq[s + i * p: s + (i + 1) * p] for i in range(k)])
+                if region is not None:
+                    score = (k * p, -len(region.carried))
+                    if best is None or score > best[:2]:
+                        best = score + (region,)
+                    break
+        if best is not None:
+            _lift(g, best[2])
+            return best[2]
+    return None
+
+
+def _progression(nodes):
+    """(base, SeqIn) when `nodes` (one per step) are slices of one base whose start moves
+    by a fixed stride along one dim; else None."""
+    if not all(_is_slice(n) for n in nodes) or any(n.inputs[0] is not nodes[0].inputs[0]
+                                                   for n in nodes):
+        return None
+    base = nodes[0].inputs[0]
+    index = [n.attrs["index"] for n in nodes]
+    moving = [d for d in range(len(index[0])) if len({ix[d] for ix in index}) > 1]
+    if len(moving) != 1:
+        return None
+    d = moving[0]
+    if any(ix[d][2] != 1 for ix in index) or \
+            any(ix[e] != index[0][e] for ix in index for e in range(len(ix)) if e != d):
+        return None
+    starts = [ix[d][0] for ix in index]
+    stride = starts[1] - starts[0]
+    if stride == 0 or any(b - a != stride for a, b in zip(starts, starts[1:])):
+        return None
+    width, size = index[0][d][1] - starts[0], base.shape[d]
+    if stride > 0:
+        seq = SeqIn(d, width, stride, starts[0], size - (starts[-1] + width))
+    else:
+        seq = SeqIn(d, width, stride, size - starts[0], starts[-1])
+    return base, seq
+
+
+def _validate(steps):
+    """The region if its dataflow reroll as a loop (see the module docstring), else None."""
+    r = _Region(steps)
+    pos = {id(n): (k, j) for k, step in enumerate(steps) for j, n in enumerate(step)}
+    for j in range(r.period):
+        column = [step[j] for step in steps]
+        if _is_slice(column[0]) and len({repr(n.attrs["index"]) for n in column}) > 1:
+            found = _progression(column)
+            if found is None or id(found[0]) in pos:
+                return None
+            r.seq_nodes[j] = _add_seq(r, found)
+            continue
+        if any(not _same_attrs(n, column[0]) for n in column[1:]):
+            return None
+        for q in range(len(column[0].inputs)):
+            slot = _classify(r, pos, [n.inputs[q] for n in column])
+            if slot is None:
+                return None
+            r.slots[(j, q)] = slot
+    work = r.period - len(r.seq_nodes)  # (a run of slices alone is no loop)
+    if work < 2 or work * r.trips < MIN_NODES:
+        return None
+    for j2, init in r.carried:
+        out = steps[0][j2]
+        if tuple(init.shape) != tuple(out.shape) or init.dtype != out.dtype:
+            return None
+    return r
+
+
+def _lift(g, r) -> None:
+    """Take into the steps the per-step maps applied after the region (`hn.stack`'s
+    unsqueeze of each step's output): a node used once outside by each step's copy of a
+    value, the same op on each, otherwise reading sources only."""
+    users = g.users()
+    members = {id(n) for step in r.steps for n in step}
+    j = 0
+    while j < len(r.steps[0]):
+        column = [step[j] for step in r.steps]
+        outs = [[u for u in users.get(id(n), ()) if id(u) not in members] for n in column]
+        us = [o[0] for o in outs] if all(len(o) == 1 for o in outs) else None
+        if us is not None and len({id(u) for u in us}) == len(us) and _maps(us, column):
+            q = us[0].inputs.index(column[0])
+            for k, u in enumerate(us):
+                r.steps[k].append(u)
+                members.add(id(u))
+            new = len(r.steps[0]) - 1
+            for p, inp in enumerate(us[0].inputs):
+                r.slots[(new, p)] = ("in", j) if p == q else ("inv", inp)
+        j += 1
+
+
+def _maps(us, column) -> bool:
+    first = us[0]
+    if column[0] not in first.inputs or first.inputs.count(column[0]) != 1:
+        return False
+    q = first.inputs.index(column[0])
+    sig = _signature(first)
+    for u, n in zip(us, column):
+        if _signature(u) != sig or not _same_attrs(u, first) or u.inputs[q] is not n:
+            return False
+        if any(p != q and (not i.is_source or i is not first.inputs[p])
+               for p, i in enumerate(u.inputs)):
+            return False
+    return True
+
+
+def _same_attrs(a, b) -> bool:
+    return tuple(sorted((k, attr_key(v)) for k, v in a.attrs.items())) == \
+        tuple(sorted((k, attr_key(v)) for k, v in b.attrs.items()))
+
+
+def _add_seq(r, found) -> int:
+    for i, (base, seq) in enumerate(r.seqs):
+        if base is found[0] and seq == found[1]:
+            return i
+    r.seqs.append(found)
+    return len(r.seqs) - 1
+
+
+def _classify(r, pos, column):
+    """The slot kind of one operand position across the steps (None: no loop)."""
+    where = [pos.get(id(v)) for v in column]
+    if all(w is not None and w[0] == k for k, w in enumerate(where)):
+        if len({w[1] for w in where}) == 1:
+            return ("in", where[0][1])
+        return None
+    if where[0] is None and all(w is not None and w[0] == k - 1
+                                for k, w in enumerate(where) if k):
+        j2s = {w[1] for w in where[1:]}
+        if len(j2s) != 1:
+            return None
+        key = (j2s.pop(), column[0])
+        for c, (j2, init) in enumerate(r.carried):
+            if j2 == key[0] and init is key[1]:
+                return ("carry", c)
+        r.carried.append(key)
+        return ("carry", len(r.carried) - 1)
+    if any(w is not None for w in where):
+        return None
+    if all(v is column[0] for v in column):
+        return ("inv", column[0])
+    found = _progression(column)
+    if found is None:
+        return None
+    return ("seq", _add_seq(r, found))
+
+
+# ---- rewriting ----------------------------------------------------------------------------
+
+
+def _rewrite(g: Graph, r: _Region) -> None:
+    steps, trips = r.steps, r.trips
+    members = {id(n) for step in steps for n in step}
+    users = g.users()
+    outputs = {id(o) for o in g.outputs}
+    # values used after the region: (k, j) -> node
+    outside = set()
+    for k, step in enumerate(steps):
+        for j, n in enumerate(step):
+            if id(n) in outputs or any(id(u) not in members for u in users.get(id(n), ())):
+                outside.add((k, j))
+    finals = {j2: c for c, (j2, _) in enumerate(r.carried)}
+    collected = sorted({j for k, j in outside if not (k == trips - 1 and j in finals)})
+    layouts = _layouts(g, steps, collected, members)
+    body, invariants = _body(r, collected)
+    spec = LoopSpec(body, len(r.carried), len(invariants), [s for _, s in r.seqs],
+                    [layouts[j] for j in collected], trips)
+    inputs = tuple([init for _, init in r.carried] + invariants + [b for b, _ in r.seqs])
+    loop = Node("loop", inputs, {"spec": spec}, (), "bool")
+    types = spec.output_types([i.shape for i in inputs])
+    outs = [Node("loop_out", (loop,), {"index": i}, shape, dtype)
+            for i, (shape, dtype) in enumerate(types)]
+    new_nodes = [loop] + outs
+    replace = {}
+    for k, j in outside:
+        if k == trips - 1 and j in finals:
+            replace[id(steps[k][j])] = outs[finals[j]]
+    column_of = {j: outs[len(r.carried) + i] for i, j in enumerate(collected)}
+    whole = _replace_cats(g, steps, column_of, layouts, members)
+    for k, j in sorted(outside):
+        n = steps[k][j]
+        if id(n) in replace:
+            continue
+        block = _block(column_of[j], layouts[j], k, trips, n)
+        new_nodes.extend(block)
+        replace[id(n)] = block[-1]
+    first = next(i for i, n in enumerate(g.nodes) if id(n) in members)
+    rest = []
+    for n in g.nodes[first:]:
+        if id(n) in members:
+            continue
+        if id(n) in whole:
+            replace[id(n)] = whole[id(n)]
+            continue
+        n.inputs = tuple(replace.get(id(i), i) for i in n.inputs)
+        rest.append(n)
+    g.nodes = [n for n in g.nodes[:first] if id(n) not in members] + new_nodes + rest
+    g.outputs = [replace.get(id(o), o) for o in g.outputs]
+    DeadCodeElimination().run(g)
+
+
+def _pick_single_steps(g: Graph) -> None:
+    """A slice reading one step's block back from a collected output (a step the loops
+    left unrolled reads it) becomes a picked output of the loop, counted from the nearer
+    end: its index then does not depend on the trip count."""
+    loops = {}
+    for n in g.nodes:
+        if n.op == "loop_out" and n.inputs[0].op == "loop":
+            loops[id(n)] = n
+    replace = {}
+    for n in g.nodes:
+        src = n.inputs[0] if n.op == "slice" else None
+        if src is None or id(src) not in loops:
+            continue
+        loop = src.inputs[0]
+        spec = loop.attrs["spec"]
+        c = src.attrs["index"] - spec.n_carried
+        if not 0 <= c < spec.n_collected or spec.collects[c].dim < 0:
+            continue
+        k = _step_of(n, spec, c, src)
+        if k is None:
+            continue
+        trips = spec.trip_of(spec.seq_bases([i.shape for i in loop.inputs]))
+        pick = Pick(c, trips - 1 - k, True) if 2 * k >= trips else Pick(c, k)
+        picks = list(spec.picks)
+        if pick not in picks:
+            picks.append(pick)
+            loop.attrs["spec"] = spec.with_picks(picks)
+        index = spec.n_carried + spec.n_collected + picks.index(pick)
+        replace[id(n)] = Node("loop_out", (loop,), {"index": index}, tuple(n.shape), n.dtype)
+    if not replace:
+        return
+    nodes = []
+    for n in g.nodes:
+        n.inputs = tuple(replace.get(id(i), i) for i in n.inputs)
+        nodes.append(replace.get(id(n), n))
+    g.nodes = nodes
+    g.outputs = [replace.get(id(o), o) for o in g.outputs]
+    DeadCodeElimination().run(g)
+
+
+def _step_of(node, spec, c, src):
+    """The step whose block along the collect dim `node` (a slice of collected output c)
+    reads exactly, or None."""
+    collect = spec.collects[c]
+    width = spec.body.outputs[spec.n_carried + c].shape[collect.dim]
+    index = node.attrs["index"]
+    for d, (a, b, step) in enumerate(index):
+        whole = (a, b, step) == (0, src.shape[d], 1)
+        if d != collect.dim and not whole:
+            return None
+    a, b, step = index[collect.dim]
+    if step != 1 or b - a != width or a % width:
+        return None
+    block = a // width
+    trips = src.shape[collect.dim] // width
+    return trips - 1 - block if collect.reverse else block
+
+
+def _layouts(g, steps, collected, members) -> dict:
+    """How each collected value is laid out: along the dim of a cat that joins every
+    step's value in order (or in reverse), else along dim 0 (a new axis for 0-d values)."""
+    layouts = {}
+    for j in collected:
+        order = [id(step[j]) for step in steps]
+        shape = steps[0][j].shape
+        layouts[j] = Collect(0) if len(shape) else Collect(-1)
+        for n in g.nodes:
+            if n.op != "cat" or id(n) in members:
+                continue
+            ids = [id(i) for i in n.inputs]
+            for rev, want in ((False, order), (True, order[::-1])):
+                if _run_at(ids, want) is not None:
+                    layouts[j] = Collect(n.attrs["dim"], rev)
+                    break
+            else:
+                continue
+            break
+    return layouts
+
+
+def _run_at(ids, want):
+    """Where `want` appears as a contiguous run in `ids`, or None."""
+    n = len(want)
+    for i in range(len(ids) - n + 1):
+        if ids[i:i + n] == want:
+            return i
+    return None
+
+
+def _replace_cats(g, steps, column_of, layouts, members) -> dict:
+    """Cats that join a collected value's steps in its layout take the loop's output
+    instead (id(cat) -> its replacement when nothing else is left to join)."""
+    whole = {}
+    for n in g.nodes:
+        if n.op != "cat" or id(n) in members:
+            continue
+        for j, out in column_of.items():
+            layout = layouts[j]
+            if layout.dim != n.attrs["dim"]:
+                continue
+            order = [id(step[j]) for step in steps]
+            ids = [id(i) for i in n.inputs]
+            at = _run_at(ids, order[::-1] if layout.reverse else order)
+            if at is None:
+                continue
+            n.inputs = n.inputs[:at] + (out,) + n.inputs[at + len(order):]
+            ids = [id(i) for i in n.inputs]
+        if len(n.inputs) == 1 and n.inputs[0].op == "loop_out":
+            whole[id(n)] = n.inputs[0]
+    return whole
+
+
+def _block(out, layout, k, trips, node) -> list:
+    """Nodes reading step k's value back from a collected output."""
+    b = trips - 1 - k if layout.reverse else k
+    if layout.dim < 0:
+        index = ((b, b + 1, 1),) + tuple((0, s, 1) for s in out.shape[1:])
+        piece = Node("slice", (out,), {"index": index}, (1,) + tuple(node.shape), node.dtype)
+        return [piece, Node("reshape", (piece,), {"shape": tuple(node.shape)},
+                            tuple(node.shape), node.dtype)]
+    w = node.shape[layout.dim]
+    index = tuple((b * w, (b + 1) * w, 1) if d == layout.dim else (0, s, 1)
+                  for d, s in enumerate(out.shape))
+    return [Node("slice", (out,), {"index": index}, tuple(node.shape), node.dtype)]
+
+
+def _body(r, collected) -> tuple:
+    """The body graph (one step, from step 0's nodes) and the loop's invariant inputs."""
+    step = r.steps[0]
+    carried = [Node("input", (), {}, tuple(init.shape), init.dtype) for _, init in r.carried]
+    invariants, inv_nodes = [], {}
+    seqs = [Node("input", (), {}, _step_shape(b, s), b.dtype) for b, s in r.seqs]
+    consts = {}
+    clones = []
+    for j, n in enumerate(step):
+        if j in r.seq_nodes:
+            clones.append(seqs[r.seq_nodes[j]])
+            continue
+        ins = []
+        for q, _ in enumerate(n.inputs):
+            kind, what = r.slots[(j, q)]
+            if kind == "in":
+                ins.append(clones[what])
+            elif kind == "carry":
+                ins.append(carried[what])
+            elif kind == "seq":
+                ins.append(seqs[what])
+            elif what.op == "const":
+                ins.append(consts.setdefault(id(what), Node(
+                    "const", (), dict(what.attrs), tuple(what.shape), what.dtype)))
+            else:
+                if id(what) not in inv_nodes:
+                    inv_nodes[id(what)] = Node("input", (), {}, tuple(what.shape), what.dtype)
+                    invariants.append(what)
+                ins.append(inv_nodes[id(what)])
+        clones.append(Node(n.op, tuple(ins), dict(n.attrs), tuple(n.shape), n.dtype))
+    inputs = carried + [inv_nodes[id(v)] for v in invariants] + seqs
+    outputs = [clones[j2] for j2, _ in r.carried] + [clones[j] for j in collected]
+    nodes = inputs + list(consts.values()) + [c for c in clones if c.op != "input"]
+    body, _ = optimize(Graph(nodes, inputs, outputs))
+    return body, invariants
+
+
+def _step_shape(base, seq) -> tuple:
+    return tuple(seq.width if d == seq.dim else s for d, s in enumerate(base.shape))
+
+
+__all__ = ["reroll", "has_loops", "MIN_TRIPS"]

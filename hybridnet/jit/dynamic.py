@@ -1,0 +1,154 @@
+"""Symbolic trip counts: one specialization serves every length of a rerolled loop.
+
+A trace whose Python loop was rerolled (`compiler.reroll`) runs a loop node whose trip
+count comes from the size of what it iterates over. When a call with another length
+misses, it is traced and compiled as usual; if its code then equals the first
+specialization's (the same kernels, the same inputs, outputs, guards and updates) and
+the two calls differ only in sizes that change as much as a loop's trip count does
+(the length of the sequence, not the batch), those dims of those arguments become
+symbolic: keys and guard functions ignore them from then on, so
+every later length (also one never seen) runs the same compiled code. `trace(fn,
+dynamic=False)` keeps every length a specialization of its own.
+
+What the evidence cannot see: Python code that branches on a sequence's length other
+than by looping over it (`if len(xs) > 50: ...`) takes the branch the traced lengths
+took. Such functions should pass `dynamic=False`.
+"""
+
+import numpy as np
+
+from compiler.registry import REGISTRY, Trait
+
+
+def loop_trips(graph) -> tuple:
+    """The trip count of each loop of `graph` whose trip count comes from sizes."""
+    trips = []
+    for node in graph.nodes:
+        spec = node.attrs.get("spec") if REGISTRY[node.op].has(Trait.CONTROL) else None
+        if spec is not None and spec.seqs:
+            trips.append(spec.trip_of(spec.seq_bases([i.shape for i in node.inputs])))
+    return tuple(trips)
+
+
+def trip_dims(known, key, dims, known_trips, trips) -> bool:
+    """Is each of `dims` a trip-count dim: does its size change by as much as some
+    loop's trip count does between the calls of `known` and `key`?"""
+    if len(known_trips) != len(trips):
+        return False
+    moves = {b - a for a, b in zip(known_trips, trips)} - {0}
+    return all(key[1][i][0][d] - known[1][i][0][d] in moves for i, d in dims)
+
+
+def differing_dims(known, key):
+    """The (flat index, dim) where `key`'s tensor shapes differ from `known`'s (a key,
+    perhaps with symbolic dims, None), or None when anything else differs."""
+    if len(known) != len(key) or known[0] != key[0] or known[2:] != key[2:] or \
+            len(known[1]) != len(key[1]):
+        return None
+    dims = set()
+    for i, (a, b) in enumerate(zip(known[1], key[1])):
+        if a[1:] != b[1:] or len(a[0]) != len(b[0]):
+            return None
+        dims.update((i, d) for d, (x, y) in enumerate(zip(a[0], b[0]))
+                    if x is not None and x != y)
+    return frozenset(dims)
+
+
+def mask_metas(metas, dims) -> tuple:
+    """Tensor metas with the sizes at `dims` ((flat index, dim) pairs) made symbolic."""
+    by_index = {}
+    for i, d in dims:
+        by_index.setdefault(i, set()).add(d)
+    out = []
+    for i, meta in enumerate(metas):
+        symbolic = by_index.get(i)
+        if symbolic:
+            shape = tuple(None if d in symbolic else s for d, s in enumerate(meta[0]))
+            meta = (shape,) + tuple(meta[1:])
+        out.append(meta)
+    return tuple(out)
+
+
+def mask_key(key, dims) -> tuple:
+    """`key` with its tensor sizes at `dims` symbolic."""
+    return (key[0], mask_metas(key[1], dims)) + tuple(key[2:])
+
+
+def same_code(a, b) -> bool:
+    """Do two traces (run.Trace) run the same compiled code with the same interface?"""
+    ra, rb = a.result, b.result
+    if not _same_kernel(ra, rb) or (ra.backward is None) != (rb.backward is None):
+        return False
+    if ra.backward is not None and not _same_kernel(ra.backward, rb.backward):
+        return False
+    return _interface(a.tg) == _interface(b.tg)
+
+
+def _same_kernel(a, b) -> bool:
+    if a.kernel is b.kernel:
+        return True
+    pa, pb = a.program, b.program
+    return program_key(pa) == program_key(pb)
+
+
+def program_key(program) -> tuple:
+    """A generated program by content: its code (comments aside, which name the trace's
+    types), driver, globals (arrays by bytes, other objects by identity) and the flags
+    its kernel is compiled and run with (BLAS threads, parallel...)."""
+    flags = tuple(bool(getattr(program, f, False)) for f in (
+        "large_products", "parallel", "uses_blas", "shape_generic", "single_output", "may_exit"))
+    return (_code(program.source), program.driver, globals_key(program.globals), flags)
+
+
+def _code(source) -> str:
+    return "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("#"))
+
+
+def globals_key(globals_) -> tuple:
+    items = []
+    for name, value in sorted(globals_.items()):
+        if isinstance(value, np.ndarray):
+            items.append((name, value.dtype.str, value.shape, value.tobytes()))
+        elif isinstance(value, np.generic):
+            items.append((name, value.dtype.str, value.tobytes()))
+        else:
+            items.append((name, id(value)))
+    return tuple(items)
+
+
+def _interface(tg) -> tuple:
+    sources = tuple((s.kind, s.index, s.dtype, s.rg) + (
+        () if s.kind == "arg" else (tuple(s.shape), _source_key(s)))
+        for s in tg.sources)
+    grad_writes = tuple((k, same) for _, k, same, _ in tg.grad_writes)
+    return (sources, repr(tg.outputs), tuple(tg.guards), tuple(tg.writebacks), tg.n_results,
+            tuple(tg.fresh), tuple(tg.readonly), tuple(tg.grad_results),
+            tuple(tg.grad_inputs), grad_writes, tuple(tg.version_bumps),
+            tuple(c.text for c in tg.checks), repr(tg.spent), tg.result_spec)
+
+
+def _source_key(s) -> tuple:
+    """The objects an input is read from, by identity."""
+    if s.kind == "captured":
+        return (id(s.ref()),)
+    if s.kind == "hyper":
+        group, key, index = s.ref
+        return (id(group()), key, index)
+    owner, seen = s.ref  # ("grad": the owner's TensorRef, and the tensor it held)
+    return (owner.index, id(owner.ref()) if owner.ref is not None else None,
+            id(seen()) if seen is not None else None)
+
+
+def least_sizes(trace, dims) -> tuple:
+    """(flat index, dim, least size) for each symbolic dim: the size below which some loop
+    of the trace's forward or backward would have no step (its trip count falls one for
+    one with the length; calls below it run eagerly)."""
+    graphs = [trace.result.optimized]
+    if trace.result.backward is not None:
+        graphs.append(trace.result.backward.split.backward)
+    trips = [n.attrs["spec"].trip_of(n.attrs["spec"].seq_bases([i.shape for i in n.inputs]))
+             for g in graphs for n in g.nodes
+             if REGISTRY[n.op].has(Trait.CONTROL) and "spec" in n.attrs and n.attrs["spec"].seqs]
+    fewest = min(trips, default=1)
+    shapes = {s.index: s.shape for s in trace.tg.sources if s.kind == "arg"}
+    return tuple((i, d, shapes[i][d] - fewest + 1) for i, d in sorted(dims) if i in shapes)

@@ -1,0 +1,279 @@
+"""Loop rerolling (compiler.reroll, compiler.loop) and symbolic trip counts (jit.dynamic).
+
+Oracles: the reference interpreter on the unrolled trace (the rerolled graph must compute
+the same values), the loop node's own impl run on other lengths, and eager hybridnet
+(traced == eager, forward and gradients) over many lengths with one compile.
+"""
+
+import numpy as np
+import pytest
+
+import hybridnet as hn
+import hybridnet.nn as nn
+import hybridnet.nn.functional as F
+from compiler.autodiff import grad_graph
+from compiler.ir import Graph
+from compiler.loop import Collect, LoopSpec, LoopTripError, SeqIn
+from compiler.registry import REGISTRY
+from compiler.reroll import has_loops, reroll
+
+CELLS = {"rnn": nn.RNNCell, "lstm": nn.LSTMCell, "gru": nn.GRUCell}
+
+
+def _cell(kind, i=4, h=5):
+    hn.manual_seed(0)
+    return CELLS[kind](i, h)
+
+
+def _step(cell, x, state):
+    if isinstance(cell, nn.LSTMCell):
+        h, c = cell(x, state)
+        return (h, c), h
+    h = cell(x, state[0])
+    return (h,), h
+
+
+def _forward(cell, xs, batch=3, hidden=5, collect=False):
+    state = (hn.zeros(batch, hidden),) * (2 if isinstance(cell, nn.LSTMCell) else 1)
+    outs = []
+    for t in range(xs.shape[0]):
+        state, h = _step(cell, xs[t], state)
+        outs.append(h)
+    return hn.stack(outs) if collect else state[0]
+
+
+def _recorded(fn, *args):
+    """The trace graph of one call (recorded and lowered; nothing compiled by Numba)."""
+    traced = hn.trace(fn)
+    traced(*args)
+    entry = next(iter(traced.specializations.values()))
+    return entry.traces[0].tg
+
+
+def _arrays(tg, flat):
+    out = []
+    for s in tg.sources:
+        t = flat[s.index] if s.kind == "arg" else s.ref()
+        out.append(t.detach().numpy())
+    return out
+
+
+def _loops(graph):
+    return [n for n in graph.nodes if n.op == "loop"]
+
+
+def _outside(graph):
+    return [n for n in graph.nodes if not n.is_source and n.op not in ("loop", "loop_out")]
+
+
+# ---- the pass, checked with the interpreter ------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(CELLS))
+@pytest.mark.parametrize("steps", [3, 8, 21])
+def test_a_cell_looped_over_a_time_dim_becomes_one_loop(kind, steps):
+    cell = _cell(kind)
+    xs = hn.randn(steps, 3, 4)
+    with hn.no_grad():
+        tg = _recorded(lambda x: _forward(cell, x, collect=True), xs)
+    graph, made = reroll(tg.graph)
+    graph.verify()
+    assert made == 1 and len(_loops(graph)) == 1
+    spec = _loops(graph)[0].attrs["spec"]
+    assert spec.seqs and spec.seqs[0].dim == 0
+    # every step is in the loop: what is left outside is the weights' transposes
+    assert all(n.op == "permute" for n in _outside(graph)), [n.op for n in _outside(graph)]
+    arrays = _arrays(tg, [xs])
+    for a, b in zip(tg.graph.run(*arrays), graph.run(*arrays)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_the_loop_node_runs_lengths_it_was_not_traced_with():
+    cell = _cell("gru")
+    xs6 = hn.randn(6, 3, 4)
+    with hn.no_grad():
+        tg = _recorded(lambda x: _forward(cell, x, collect=True), xs6)
+    graph, _ = reroll(tg.graph)
+    loop = _loops(graph)[0]
+    spec = loop.attrs["spec"]
+    before = graph.nodes[:graph.nodes.index(loop)]
+    inputs = Graph(before, graph.inputs, list(loop.inputs)).run(*_arrays(tg, [xs6]))
+    bases = spec.n_carried + spec.n_invariant
+    assert [b is graph.inputs[0] for b in loop.inputs[bases:]] == [True]
+    for steps in (1, 2, 13):
+        xs = hn.randn(steps, 3, 4)
+        outs = REGISTRY["loop"].impl(*inputs[:bases], xs.numpy(), spec=spec)
+        with hn.no_grad():
+            expected = _forward(cell, xs, collect=True).numpy()
+        np.testing.assert_allclose(outs[0], expected[-1], rtol=1e-5, atol=1e-6)
+        collected = outs[spec.n_carried:spec.n_carried + spec.n_collected]
+        assert any(c.size == expected.size and np.allclose(c.reshape(expected.shape), expected,
+                                                           rtol=1e-5, atol=1e-6)
+                   for c in collected)
+
+
+def test_cat_of_each_steps_output_along_a_dim_is_the_loops_collected_output():
+    hn.manual_seed(1)
+    lin = nn.Linear(1, 6)
+
+    def f(x):
+        h = hn.zeros(2, 6)
+        outs = []
+        for t in range(x.shape[1]):
+            h = hn.tanh(lin(x[:, t:t + 1]) + h * 0.5)
+            outs.append(h.sum(1, keepdim=True))
+        return hn.cat(outs, 1)
+
+    x = hn.randn(2, 9)
+    with hn.no_grad():
+        tg = _recorded(f, x)
+    graph, made = reroll(tg.graph)
+    assert made == 1
+    spec = _loops(graph)[0].attrs["spec"]
+    assert spec.seqs == (SeqIn(dim=1, width=1, stride=1, anchor=0, gap=0),)
+    assert Collect(1) in spec.collects and not any(n.op == "cat" for n in graph.nodes)
+    arrays = _arrays(tg, [x])
+    np.testing.assert_allclose(graph.run(*arrays)[0], tg.graph.run(*arrays)[0], rtol=1e-6)
+
+
+def test_forward_and_backward_of_an_unrolled_rnn_reroll_together():
+    cell = _cell("rnn")
+    xs, target = hn.randn(12, 3, 4), hn.randn(3, 5)
+    tg = _recorded(lambda x, y: F.mse_loss(_forward(cell, x), y), xs, target)
+    wrt = [tg.graph.inputs[i] for i in tg.grad_inputs]
+    joint = grad_graph(tg.graph, wrt, tg.grad_results, tg.blocked)
+    graph, made = reroll(joint)
+    graph.verify()
+    assert made >= 2  # the forward loop, and the backward's reversed loop
+    reversed_ = [s for n in _loops(graph) for s in n.attrs["spec"].seqs if s.stride < 0]
+    assert reversed_, "the backward reads the forward's per-step values in reverse"
+    assert len(_outside(graph)) < len(_outside(joint)) / 3
+    arrays = _arrays(tg, [xs, target]) + [np.float32(1.0)]
+    for a, b in zip(joint.run(*arrays), graph.run(*arrays)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_irregular_steps_stay_unrolled_and_correct():
+    hn.manual_seed(2)
+    lin = nn.Linear(5, 5)
+
+    def f(xs):  # each step reads the one before last, and a per-step constant
+        hs = [hn.zeros(3, 5), hn.zeros(3, 5)]
+        for t in range(xs.shape[0]):
+            hs.append(hn.tanh(lin(hs[-2]) + xs[t] * float(t + 1)))
+        return hs[-1]
+
+    xs = hn.randn(10, 3, 5)
+    with hn.no_grad():
+        tg = _recorded(f, xs)
+    graph, _ = reroll(tg.graph)
+    graph.verify()
+    arrays = _arrays(tg, [xs])
+    np.testing.assert_allclose(graph.run(*arrays)[0], tg.graph.run(*arrays)[0], rtol=1e-6)
+
+
+def test_sequences_of_different_lengths_give_no_trip_count():
+    seq = SeqIn(dim=0, width=1, stride=1, anchor=0, gap=0)
+    assert seq.trip(7) == 7
+    with pytest.raises(LoopTripError):
+        SeqIn(dim=0, width=2, stride=2, anchor=0, gap=0).trip(7)
+    cell = _cell("rnn")
+    with hn.no_grad():
+        tg = _recorded(lambda x: _forward(cell, x), hn.randn(5, 3, 4))
+    spec = _loops(reroll(tg.graph)[0])[0].attrs["spec"]
+    assert isinstance(spec, LoopSpec)
+    with pytest.raises(LoopTripError):
+        spec.trip_of([(0, 3, 4)])
+
+
+def test_a_graph_without_repeats_is_left_alone():
+    def f(x):
+        return hn.relu(x * 2 + 1).sum()
+
+    with hn.no_grad():
+        tg = _recorded(f, hn.randn(4, 4))
+    graph, made = reroll(tg.graph)
+    assert made == 0 and not has_loops(graph)
+
+
+# ---- the JIT: one compile for every length ---------------------------------------------------
+
+
+def _grads(module):
+    return [None if p.grad is None else p.grad.numpy().copy() for p in module.parameters()]
+
+
+@pytest.mark.parametrize("kind", sorted(CELLS))
+def test_traced_loss_and_gradients_equal_eager_over_lengths_with_one_compile(kind):
+    cell = _cell(kind)
+
+    def loss_of(xs, target):
+        return F.mse_loss(_forward(cell, xs), target)
+
+    traced = hn.trace(loss_of)
+    rng = np.random.default_rng(0)
+    lengths = [9, 13] + list(range(1, 101, 9)) + [100, 2, 9]
+    for steps in lengths:
+        xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
+        target = hn.tensor(rng.standard_normal((3, 5)).astype(np.float32))
+        cell.zero_grad()
+        got = traced(xs, target)
+        got.backward()
+        got_grads = _grads(cell)
+        cell.zero_grad()
+        want = loss_of(xs, target)
+        want.backward()
+        np.testing.assert_allclose(got.item(), want.item(), rtol=1e-5, atol=1e-6)
+        for a, b in zip(got_grads, _grads(cell)):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    stats = traced.stats  # (the second length is traced once more: its kernel is reused)
+    assert stats.compiles <= 1 and stats.traces == 2 and len(traced.specializations) == 1, \
+        stats
+    assert stats.compiled_calls >= len(lengths) - 6, stats  # (short ones run eagerly)
+    assert any(e["kind"] == "generalize" for e in stats.events)
+
+
+def test_inference_over_every_length_from_1_to_100_compiles_once():
+    cell = _cell("rnn")
+    traced = hn.trace(lambda xs: _forward(cell, xs, collect=True))
+    rng = np.random.default_rng(1)
+    with hn.no_grad():
+        for steps in [20, 31] + list(range(1, 101)):
+            xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
+            np.testing.assert_allclose(traced(xs).numpy(), _forward(cell, xs, collect=True).numpy(),
+                                       rtol=1e-5, atol=1e-6)
+    stats = traced.stats
+    assert stats.compiles <= 1 and stats.traces == 2 and len(traced.specializations) == 1, \
+        stats
+
+
+def test_dynamic_false_keeps_one_specialization_per_length():
+    cell = _cell("rnn")
+    traced = hn.trace(lambda xs: _forward(cell, xs), dynamic=False)
+    with hn.no_grad():
+        for steps in (6, 9, 12):
+            xs = hn.randn(steps, 3, 4)
+            np.testing.assert_allclose(traced(xs).numpy(), _forward(cell, xs).numpy(),
+                                       rtol=1e-5, atol=1e-6)
+    assert len(traced.specializations) == 3
+    assert not any(e["kind"] == "generalize" for e in traced.stats.events)
+
+
+def test_a_branch_on_a_value_inside_the_loop_gives_the_eager_result():
+    cell = _cell("rnn")
+
+    def f(xs):
+        h = hn.zeros(3, 5)
+        for t in range(xs.shape[0]):
+            h = cell(xs[t], h)
+            if float(h.sum()) > 0:  # a value guard per step
+                h = h * 0.5
+        return h
+
+    traced = hn.trace(f)
+    rng = np.random.default_rng(2)
+    with hn.no_grad():
+        for steps in (8, 8, 8, 11, 8, 11, 5):
+            xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
+            np.testing.assert_allclose(traced(xs).numpy(), f(xs).numpy(), rtol=1e-5,
+                                       atol=1e-6)
