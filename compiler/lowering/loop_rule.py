@@ -20,7 +20,7 @@ def _step_args(em, node, names, t) -> list:
     """The body's arguments at step `t` (an expression)."""
     spec = node.attrs["spec"]
     k, n = spec.n_carried, spec.n_invariant
-    args = list(names["carried"]) + [em.array_of(i) for i in node.inputs[k:k + n]]
+    args = list(names["carried"]) + list(names["invariants"])
     for s, base, var in zip(spec.seqs, node.inputs[k + n:], names["bases"]):
         start = f"{s.anchor} + {t} * {s.stride}" if s.stride > 0 else \
             f"{var}.shape[{s.dim}] - {s.anchor} + {t} * ({s.stride})"
@@ -97,9 +97,13 @@ def emit_loop(em, node, *inputs):
              "picks": [f"{v}_p{i}" for i in range(len(spec.picks))],
              "used": {u.attrs["index"] - k for u in users},
              "aliased_out": aliased[k:],
-             "bases": [f"{v}_s{i}" for i in range(len(spec.seqs))]}
+             "bases": [f"{v}_s{i}" for i in range(len(spec.seqs))],
+             "invariants": [f"{v}_i{i}" for i in range(n)]}
     for var, expr in zip(names["bases"], inputs[k + n:]):
         em.emit(f"{var} = {expr}")
+    # (once per call, not per step: a transposed weight is copied here, not by each step)
+    for var, expr in zip(names["invariants"], inputs[k:k + n]):
+        em.emit(f"{var} = np.ascontiguousarray({expr})")
     _emit_trip(em, spec, names)
     for var, pick in zip(names["picks"], spec.picks):
         em.emit(f"{var}_k = {names['trip']} - 1 - {pick.step}" if pick.from_end else
