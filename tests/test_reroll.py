@@ -277,3 +277,37 @@ def test_a_branch_on_a_value_inside_the_loop_gives_the_eager_result():
             xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
             np.testing.assert_allclose(traced(xs).numpy(), f(xs).numpy(), rtol=1e-5,
                                        atol=1e-6)
+
+
+def test_a_size_only_python_reads_never_becomes_symbolic():
+    """Regression (review): the loop length came from y's size while the loop sliced x;
+    both sizes moved together in the first two calls, and x's extra frames were baked in
+    as a fixed gap, so later calls ran the wrong number of steps."""
+    cell = _cell("rnn", 4, 6)
+
+    def f(x, y):
+        h = hn.zeros(3, 6)
+        for t in range(y.shape[0]):
+            h = cell(x[t], h)
+        return h + y.sum()
+
+    traced = hn.trace(f)
+    rng = np.random.default_rng(3)
+    with hn.no_grad():
+        for tx, ty in [(15, 5), (16, 6), (15, 5), (30, 5), (12, 8), (40, 20)]:
+            x = hn.tensor(rng.standard_normal((tx, 3, 4)).astype(np.float32))
+            y = hn.tensor(rng.standard_normal(ty).astype(np.float32))
+            np.testing.assert_allclose(traced(x, y).numpy(), f(x, y).numpy(), rtol=1e-5,
+                                       atol=1e-6)
+    assert not any(e["kind"] == "generalize" for e in traced.stats.events)
+
+
+def test_create_graph_through_a_generalized_call_of_another_length_raises_clearly():
+    cell = _cell("rnn")
+    traced = hn.trace(lambda xs: _forward(cell, xs).sum())
+    for steps in (8, 10):
+        traced(hn.randn(steps, 3, 4)).backward()
+    assert any(e["kind"] == "generalize" for e in traced.stats.events)
+    out = traced(hn.randn(13, 3, 4))
+    with pytest.raises(RuntimeError, match="dynamic=False"):
+        hn.grad(out, [cell.weight_ih], create_graph=True)

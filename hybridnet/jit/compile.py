@@ -23,7 +23,7 @@ from runtime.cache import KERNELS as _KERNELS
 from runtime.executor import Executable
 from runtime.numba_engine import compile_program
 
-from .dynamic import loop_trips, program_key
+from .dynamic import loop_dims, loop_trips, program_key
 
 
 def _mathlib():
@@ -78,6 +78,7 @@ class CompileResult:
         self.seconds = seconds
         self.backward = None  # Backward, for a trace whose results carry gradients
         self.loop_trips = ()  # the trip counts of its loops that iterate over sizes
+        self.loop_dims = frozenset()  # (flat argument, dim) pairs its loops slice from
 
 
 def compile_trace(tg, dynamic) -> CompileResult:
@@ -105,6 +106,7 @@ def compile_trace(tg, dynamic) -> CompileResult:
         len(tg.graph.outputs) if tg.grad_results else None)
     result = CompileResult(exe, forward, program, kernel, report, reused, 0.0)
     result.loop_trips = loop_trips(forward)
+    result.loop_dims = loop_dims(tg, forward)
     if tg.grad_results:
         n = len(split.backward.outputs)
         bexe, bkernel, bprogram, breused = _compile_graph(

@@ -30,12 +30,30 @@ def loop_trips(graph) -> tuple:
     return tuple(trips)
 
 
-def trip_dims(known, key, dims, known_trips, trips) -> bool:
-    """Is each of `dims` a trip-count dim: does its size change by as much as some
-    loop's trip count does between the calls of `known` and `key`?"""
-    if len(known_trips) != len(trips):
+def loop_dims(tg, graph) -> frozenset:
+    """(flat argument index, dim) of every argument a loop of `graph` (a compiled forward,
+    its inputs those of `tg.graph`) slices its steps from."""
+    position = {id(n): i for i, n in enumerate(graph.inputs)}
+    found = set()
+    for node in graph.nodes:
+        spec = node.attrs.get("spec") if REGISTRY[node.op].has(Trait.CONTROL) else None
+        if spec is None:
+            continue
+        for seq, base in zip(spec.seqs, spec.seq_bases(node.inputs)):
+            i = position.get(id(base))
+            if i is not None and tg.sources[i].kind == "arg":
+                found.add((tg.sources[i].index, seq.dim))
+    return frozenset(found)
+
+
+def trip_dims(known, key, dims, known_result, result) -> bool:
+    """Is each of `dims` a dim that a loop slices its steps from, in both calls, and does
+    its size change by as much as that loop's trip count does? (A size only Python reads,
+    `range(y.shape[0])`, is none: the loop over another argument keeps a fixed gap.)"""
+    if len(known_result.loop_trips) != len(result.loop_trips) or \
+            not dims <= (known_result.loop_dims & result.loop_dims):
         return False
-    moves = {b - a for a, b in zip(known_trips, trips)} - {0}
+    moves = {b - a for a, b in zip(known_result.loop_trips, result.loop_trips)} - {0}
     return all(key[1][i][0][d] - known[1][i][0][d] in moves for i, d in dims)
 
 

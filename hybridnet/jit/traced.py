@@ -274,8 +274,8 @@ class TracedFunction:
                 continue
             dims = differing_dims(other.key, entry.key)
             theirs = other.traces[0]
-            if not dims or not trip_dims(other.key, entry.key, dims, theirs.result.loop_trips,
-                                         mine.result.loop_trips) or not same_code(theirs, mine):
+            if not dims or not trip_dims(other.key, entry.key, dims, theirs.result,
+                                         mine.result) or not same_code(theirs, mine):
                 continue
             spec = entry.key[0]
             symbolic = self._symbolic[spec] = self._symbolic.get(spec, frozenset()) | dims
