@@ -44,6 +44,7 @@ def reroll(graph: Graph) -> tuple:
     _merge_copies(g)
     g, _ = DeadCodeElimination().run(g)
     _hoist_invariants(g)
+    _gather_scatters(g)
     made = 0
     while made < MAX_LOOPS:
         region = _find_region(g)
@@ -103,6 +104,101 @@ def _hoist_invariants(g: Graph) -> None:
         else:
             rest.append(node)
     g.nodes = front + rest
+
+
+def _gather_scatters(g: Graph) -> None:
+    """A chain acc + pad_slice(g1) + pad_slice(g2) + ... whose pieces tile one dim (the
+    gradient of x[t] summed over the steps) becomes acc + the cat of the pieces: the
+    steps then each yield their piece, which the loop collects, instead of each adding a
+    full-size array (that made every step differ, and cost T^2 work)."""
+    users = g.users()
+    single = {id(n) for n in g.nodes if len(users.get(id(n), ())) == 1}
+    outputs = {id(o) for o in g.outputs}
+    inner = set()  # adds whose one user adds a piece to them: inside a chain, not its end
+    for node in g.nodes:
+        if node.op == "add" and len(node.inputs) == 2:
+            a, b = node.inputs
+            for piece, rest in ((b, a), (a, b)):
+                if _is_pad(piece, single) and rest.op == "add" and id(rest) in single and \
+                        id(rest) not in outputs:
+                    inner.add(id(rest))
+    replace = {}
+    for node in g.nodes:
+        if id(node) in inner:
+            continue
+        chain = _scatter_chain(node, single, outputs)
+        if chain is None:
+            continue
+        init, pieces, d = chain
+        pieces.sort(key=lambda p: p.attrs["index"][d][0])
+        spans = [p.attrs["index"][d] for p in pieces]
+        if any(a[1] != b[0] for a, b in zip(spans, spans[1:])):
+            continue  # (gaps or overlaps)
+        full = pieces[0].attrs["shape"]
+        shape = list(pieces[0].inputs[0].shape)
+        shape[d] = spans[-1][1] - spans[0][0]
+        dtype = pieces[0].dtype
+        joined = Node("cat", tuple(p.inputs[0] for p in pieces), {"dim": d}, tuple(shape), dtype)
+        new = [joined]
+        if tuple(shape) != tuple(full):
+            index = tuple((spans[0][0], spans[-1][1], 1) if e == d else (0, s, 1)
+                          for e, s in enumerate(full))
+            new.append(Node("pad_slice", (joined,), {"shape": tuple(full), "index": index},
+                            tuple(full), dtype))
+        if init is not None:
+            new.append(Node("add", (init, new[-1]), {}, tuple(full), dtype))
+        replace[id(node)] = new
+    if not replace:
+        return
+    nodes = []
+    final = {}
+    for n in g.nodes:
+        n.inputs = tuple(final.get(id(i), i) for i in n.inputs)
+        if id(n) in replace:
+            nodes.extend(replace[id(n)])
+            final[id(n)] = replace[id(n)][-1]
+        else:
+            nodes.append(n)
+    g.nodes = nodes
+    g.outputs = [final.get(id(o), o) for o in g.outputs]
+    DeadCodeElimination().run(g)
+
+
+def _scatter_chain(node, single, outputs):
+    """(initial value or None, pad_slice pieces, dim) when `node` ends a chain of at least
+    MIN_TRIPS adds of pad_slices into one shape that differ along one dim only."""
+    if node.op != "add":
+        return None
+    pieces, cur = [], node
+    while cur.op == "add" and len(cur.inputs) == 2:
+        a, b = cur.inputs
+        piece, rest = (b, a) if _is_pad(b, single) else (a, b) if _is_pad(a, single) else \
+            (None, None)
+        if piece is None:
+            break
+        pieces.append(piece)
+        cur = rest
+        if cur.op != "add" or id(cur) not in single or id(cur) in outputs:
+            break
+    init = cur
+    if _is_pad(init, single) and init.attrs.get("shape") == pieces[-1].attrs.get("shape"):
+        pieces.append(init)
+        init = None
+    if len(pieces) < MIN_TRIPS or len({p.attrs["shape"] for p in pieces}) != 1:
+        return None
+    index = [p.attrs["index"] for p in pieces]
+    moving = [d for d in range(len(index[0])) if len({ix[d] for ix in index}) > 1]
+    if len(moving) != 1 or any(ix[e] != index[0][e] for ix in index
+                               for e in range(len(ix)) if e != moving[0]) or \
+            any(ix[moving[0]][2] != 1 for ix in index):
+        return None
+    if init is not None and tuple(init.shape) != tuple(node.shape):
+        return None
+    return init, pieces, moving[0]
+
+
+def _is_pad(node, single) -> bool:
+    return node.op == "pad_slice" and id(node) in single
 
 
 # ---- finding a region -------------------------------------------------------------------

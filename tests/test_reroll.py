@@ -311,3 +311,69 @@ def test_create_graph_through_a_generalized_call_of_another_length_raises_clearl
     out = traced(hn.randn(13, 3, 4))
     with pytest.raises(RuntimeError, match="dynamic=False"):
         hn.grad(out, [cell.weight_ih], create_graph=True)
+
+
+class _LM(nn.Module):
+    """PyTorch's word language model, small: Embedding -> 2-layer LSTM -> Linear."""
+
+    def __init__(self, ntok=40, width=12):
+        super().__init__()
+        self.ntok = ntok
+        self.encoder = nn.Embedding(ntok, width)
+        self.rnn = nn.LSTM(width, width, 2)
+        self.decoder = nn.Linear(width, ntok)
+
+    def forward(self, x, h, c):
+        out, (h, c) = self.rnn(self.encoder(x), (h, c))
+        return self.decoder(out).reshape(-1, self.ntok), h, c
+
+
+def _lm_step(model, opt):
+    def step(x, y, h, c):
+        opt.zero_grad()
+        out, h, c = model(x, h, c)
+        loss = F.cross_entropy(out, y.reshape(-1))
+        loss.backward()
+        opt.step()
+        return loss.detach(), h.detach(), c.detach()
+    return step
+
+
+def test_a_2_layer_lstm_language_model_trains_with_the_whole_step_traced_as_eagerly():
+    models = []
+    for _ in range(2):
+        hn.manual_seed(5)
+        model = _LM()
+        models.append((model, _lm_step(model, hn.optim.SGD(model.parameters(), lr=0.5))))
+    (m_eager, eager), (m_traced, step) = models
+    traced = hn.trace(step)
+    rng = np.random.default_rng(4)
+    state = [(hn.zeros(2, 4, 12), hn.zeros(2, 4, 12)) for _ in range(2)]
+    for _ in range(5):
+        x = hn.tensor(rng.integers(0, 40, (9, 4)))
+        y = hn.tensor(rng.integers(0, 40, (9, 4)))
+        want, *state[0] = eager(x, y, *state[0])
+        got, *state[1] = traced(x, y, *state[1])
+        np.testing.assert_allclose(got.item(), want.item(), rtol=1e-5)
+        for (name, a), b in zip(m_traced.named_parameters(), m_eager.parameters()):
+            np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-4,
+                                       atol=1e-5,
+                                       err_msg=name)
+    result = next(iter(traced.specializations.values())).traces[0].result
+    assert traced.stats.compiled_calls >= 3, traced.stats
+    assert sum(n.op == "loop" for n in result.optimized.nodes) >= 4  # 2 layers, fwd + bwd
+
+
+def test_the_gradient_of_each_steps_slice_is_gathered_not_added_full_size():
+    cell = _cell("rnn")
+    xs = hn.randn(10, 3, 4, requires_grad=True)
+    tg = _recorded(lambda x: _forward(cell, x).sum(), xs)
+    wrt = [tg.graph.inputs[i] for i in tg.grad_inputs]
+    joint = grad_graph(tg.graph, wrt, tg.grad_results, tg.blocked)
+    assert sum(n.op == "pad_slice" for n in joint.nodes) >= 10  # one full-size add a step
+    graph, made = reroll(joint)
+    graph.verify()
+    assert made >= 2 and sum(n.op == "pad_slice" for n in graph.nodes) <= 1
+    arrays = _arrays(tg, [xs]) + [np.float32(1.0)]
+    for a, b in zip(joint.run(*arrays), graph.run(*arrays)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -253,6 +253,12 @@ def large_product(graph) -> bool:
                                  if n.op in _PRODUCTS and n.dtype.kind == "f"])
 
 
+def defined_by_producer(node) -> bool:
+    """Is `node`'s variable defined by the rule of the node it reads (a loop's outputs),
+    so no kernel boundary may separate them?"""
+    return node.op == "loop_out"
+
+
 def fresh_output(node) -> bool:
     """Does the rule leave `node`'s result in a new array of its own?"""
     return node.op in _FRESH_2D and len(node.shape) == 2

@@ -72,8 +72,9 @@ def lower(graph, mathlib=None, parallel=False, budget=None) -> Program:
                             f"{MAX_UNITS}); it runs eagerly")
     program, costs = _lower_single(graph, units, mathlib, parallel)
     budget = kernel_budget() if budget is None else budget
-    if program.cost > budget and not any(n.op == "loop" for n in graph.nodes):
-        program = lower_split(graph, units, costs, mathlib, parallel, budget) or program
+    if program.cost > budget:
+        program = lower_split(graph, units, costs, mathlib, parallel, budget,
+                              _lower_bodies(graph, mathlib)) or program
     check_cap(program)
     return program
 

@@ -111,6 +111,7 @@ def _emit_body(shared, lo, hi, mathlib, parallel):
     units = shared.units[lo:hi]
     members = [n for u in units for n in u.nodes]
     ctx = ChunkContext(shared.graph, mathlib, parallel, {id(n) for n in members})
+    ctx.bodies = shared.bodies
     em = _Emitter(shared.graph, ctx, shared.users, shared.outputs)
     em.planner = shared.planner.fork()
     for unit in units:
@@ -142,13 +143,30 @@ def driver_unit(unit) -> bool:
     return isinstance(unit, NodeUnit) and node_rules.run_by_driver(unit.node)
 
 
-def lower_split(graph, units, costs, mathlib, parallel, budget):
+def _keep_projections(ranges, units) -> list:
+    """Move each cut that falls just before a loop's projections (loop_out: the loop's
+    code defines their variables) to after them."""
+    cuts = sorted({hi for _, hi in ranges[:-1]})
+    moved = []
+    for cut in cuts:
+        while cut < len(units) and isinstance(units[cut], NodeUnit) and \
+                node_rules.defined_by_producer(units[cut].node):
+            cut += 1
+        moved.append(cut)
+    bounds = [ranges[0][0]] + sorted(set(c for c in moved if c < ranges[-1][1])) + \
+        [ranges[-1][1]]
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def lower_split(graph, units, costs, mathlib, parallel, budget, bodies=None):
     """The split Program for `graph`, or None when the plan keeps one kernel."""
     alone = [u.index for u in units if driver_unit(u)]
     ranges = chunking.plan(costs, chunking.signatures(units, graph.inputs), budget, alone)
+    ranges = _keep_projections(ranges, units)
     if len(ranges) < 2 and not alone:
         return None
     shared = _Shared(graph, units)
+    shared.bodies = bodies or {}
     calls, bodies = [], []
     for lo, hi in ranges:
         if hi == lo + 1 and driver_unit(units[lo]):
@@ -177,6 +195,7 @@ def lower_split(graph, units, costs, mathlib, parallel, budget):
     program.chunks, program.driver, program.single_output = chunks, driver, single
     program.parallel = any(c.parallel for c in chunks)
     program.large_products = large
+    program.may_exit = any(ctx.may_exit for _, ctx, _ in bodies)
     program.cost = sum(c.cost for c in chunks)
     program.notes += [f"buffers reused: {reused}",
                       f"split into {len(calls)} calls of {len(chunks)} distinct kernels "
