@@ -33,6 +33,7 @@ from .registry import REGISTRY, Trait
 
 MIN_TRIPS = 3  # fewer repetitions stay unrolled
 MIN_NODES = 8  # nor are regions of fewer nodes rerolled
+MIN_WORK = 4  # nor steps of fewer nodes (slices aside): a loop costs a call per step
 MAX_PERIODS = 8  # candidate periods tried per region search
 MAX_LOOPS = 8  # loops made per graph
 
@@ -360,7 +361,7 @@ def _validate(steps):
                 return None
             r.slots[(j, q)] = slot
     work = r.period - len(r.seq_nodes)  # (a run of slices alone is no loop)
-    if work < 2 or work * r.trips < MIN_NODES:
+    if work < MIN_WORK or work * r.trips < MIN_NODES:
         return None
     for j2, init in r.carried:
         out = steps[0][j2]
@@ -378,8 +379,7 @@ def _lift(g, r) -> None:
     j = 0
     while j < len(r.steps[0]):
         column = [step[j] for step in r.steps]
-        outs = [[u for u in users.get(id(n), ()) if id(u) not in members] for n in column]
-        us = [o[0] for o in outs] if all(len(o) == 1 for o in outs) else None
+        us = _map_users(users, members, column)
         if us is not None and len({id(u) for u in us}) == len(us) and _maps(us, column):
             q = us[0].inputs.index(column[0])
             for k, u in enumerate(us):
@@ -389,6 +389,22 @@ def _lift(g, r) -> None:
             for p, inp in enumerate(us[0].inputs):
                 r.slots[(new, p)] = ("in", j) if p == q else ("inv", inp)
         j += 1
+
+
+def _map_users(users, members, column):
+    """Per step, its one outside user of the signature step 0's first outside user has
+    (a value may have other outside users too: the backward reading it), or None."""
+    outs = [[u for u in users.get(id(n), ()) if id(u) not in members] for n in column]
+    if not all(outs):
+        return None
+    sig = _signature(outs[0][0])
+    chosen = []
+    for o in outs:
+        alike = [u for u in o if _signature(u) == sig]
+        if len(alike) != 1:
+            return None
+        chosen.append(alike[0])
+    return chosen
 
 
 def _maps(us, column) -> bool:
