@@ -377,3 +377,24 @@ def test_the_gradient_of_each_steps_slice_is_gathered_not_added_full_size():
     arrays = _arrays(tg, [xs]) + [np.float32(1.0)]
     for a, b in zip(joint.run(*arrays), graph.run(*arrays)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_generalized_function_follows_a_change_of_what_it_reads():
+    cell = _cell("rnn")
+    scale = [hn.tensor(np.float32(1.0))]
+
+    def f(xs):
+        return _forward(cell, xs) * scale[0]
+
+    traced = hn.trace(f)
+    rng = np.random.default_rng(6)
+    with hn.no_grad():
+        for steps in (8, 11, 14):
+            xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
+            traced(xs)
+        assert any(e["kind"] == "generalize" for e in traced.stats.events)
+        scale[0] = hn.tensor(np.float32(2.0))  # (the list the trace read changed)
+        for steps in (9, 17, 9, 23, 30):
+            xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
+            np.testing.assert_allclose(traced(xs).numpy(), f(xs).numpy(), rtol=1e-5,
+                                       atol=1e-6)

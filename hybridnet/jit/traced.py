@@ -328,6 +328,13 @@ class TracedFunction:
         """A guard on what the trace read failed: trace again (or, when that keeps
         happening for this key, run it eagerly)."""
         why = trace.failed_check(flat)
+        if entry.symbolic:
+            # (a trace made now would be keyed for every length, unconfirmed for any but
+            # this one: the sizes go back to exact keys, and may be generalized again)
+            self._symbolic.pop(entry.key[0], None)
+            self._forget(entry)
+            self.stats.event("stale", f"{why}; its lengths are exact again")
+            return self._slow_call(args, kwargs)
         count = self._stale.get(entry.key, 0) + 1
         self._stale[entry.key] = count
         self._forget(entry)
