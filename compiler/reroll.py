@@ -24,12 +24,18 @@ transpose) are hoisted out of the steps first, so every step looks alike.
 from collections import Counter
 
 from .ir import Graph, Node
-from .loop import Collect, LoopSpec, Pick, SeqIn
-from .passes.cse import attr_key, node_key
+from .loop import Collect, LoopSpec, SeqIn
+from .passes.cse import attr_key
 from .passes.dce import DeadCodeElimination
 from .passes.manager import optimize
-from .passes.rewrite import rewrite_graph
 from .registry import REGISTRY, Trait
+from .reroll_edits import (
+    gather_scatters,
+    hoist_invariants,
+    is_slice,
+    merge_copies,
+    pick_single_steps,
+)
 
 MIN_TRIPS = 3  # fewer repetitions stay unrolled
 MIN_NODES = 8  # nor are regions of fewer nodes rerolled
@@ -42,10 +48,10 @@ def reroll(graph: Graph) -> tuple:
     """A copy of `graph` with its repeated regions as loop nodes; returns (graph, loops),
     `loops` the number of loop nodes made (0: the copy computes as `graph` does)."""
     g = graph.clone()
-    _merge_copies(g)
+    merge_copies(g)
     g, _ = DeadCodeElimination().run(g)
-    _hoist_invariants(g)
-    _gather_scatters(g)
+    hoist_invariants(g)
+    gather_scatters(g)
     made = 0
     while made < MAX_LOOPS:
         region = _find_region(g)
@@ -54,7 +60,7 @@ def reroll(graph: Graph) -> tuple:
         _rewrite(g, region)
         made += 1
     if made:
-        _pick_single_steps(g)
+        pick_single_steps(g)
     return g, made
 
 
@@ -63,152 +69,13 @@ def has_loops(graph: Graph) -> bool:
     return any(REGISTRY[n.op].has(Trait.CONTROL) for n in graph.nodes)
 
 
-# ---- preparation ----------------------------------------------------------------------
-
-
-def _is_slice(node) -> bool:
-    return node.op == "slice"
-
-
-def _merge_copies(g: Graph) -> None:
-    """CSE, except for array constants: each step's copy of an invariant value (a weight's
-    transpose) becomes one value, while equal initial states (h = zeros(...) and c =
-    zeros(...)) stay apart, as the steps that follow treat them apart."""
-    seen = {}
-
-    def first_of(node):
-        if not REGISTRY[node.op].has(Trait.PURE) or (node.op == "const" and node.shape):
-            return None
-        first = seen.setdefault(node_key(node), node)
-        return None if first is node else first
-    rewrite_graph(g, first_of)
-
-
-def _hoist_invariants(g: Graph) -> None:
-    """Move pure values computed from inputs and scalar constants only (and not from
-    slices, which may be a loop's per-step reads) to the front, so a step's copy of them
-    (merged by CSE into the first step) does not make the first step differ."""
-    fixed = set()
-    front, rest = [], []
-    for node in g.nodes:
-        opdef = REGISTRY[node.op]
-        if node.is_source:
-            # (array constants are often a loop's initial state, h = zeros(...): what the
-            # first step computes from them stays in the first step)
-            if node.op != "const" or not node.shape:
-                fixed.add(id(node))
-            front.append(node)
-        elif opdef.has(Trait.PURE) and not _is_slice(node) and \
-                all(id(i) in fixed for i in node.inputs):
-            fixed.add(id(node))
-            front.append(node)
-        else:
-            rest.append(node)
-    g.nodes = front + rest
-
-
-def _gather_scatters(g: Graph) -> None:
-    """A chain acc + pad_slice(g1) + pad_slice(g2) + ... whose pieces tile one dim (the
-    gradient of x[t] summed over the steps) becomes acc + the cat of the pieces: the
-    steps then each yield their piece, which the loop collects, instead of each adding a
-    full-size array (that made every step differ, and cost T^2 work)."""
-    users = g.users()
-    single = {id(n) for n in g.nodes if len(users.get(id(n), ())) == 1}
-    outputs = {id(o) for o in g.outputs}
-    inner = set()  # adds whose one user adds a piece to them: inside a chain, not its end
-    for node in g.nodes:
-        if node.op == "add" and len(node.inputs) == 2:
-            a, b = node.inputs
-            for piece, rest in ((b, a), (a, b)):
-                if _is_pad(piece, single) and rest.op == "add" and id(rest) in single and \
-                        id(rest) not in outputs:
-                    inner.add(id(rest))
-    replace = {}
-    for node in g.nodes:
-        if id(node) in inner:
-            continue
-        chain = _scatter_chain(node, single, outputs)
-        if chain is None:
-            continue
-        init, pieces, d = chain
-        pieces.sort(key=lambda p: p.attrs["index"][d][0])
-        spans = [p.attrs["index"][d] for p in pieces]
-        if any(a[1] != b[0] for a, b in zip(spans, spans[1:])):
-            continue  # (gaps or overlaps)
-        full = pieces[0].attrs["shape"]
-        shape = list(pieces[0].inputs[0].shape)
-        shape[d] = spans[-1][1] - spans[0][0]
-        dtype = pieces[0].dtype
-        joined = Node("cat", tuple(p.inputs[0] for p in pieces), {"dim": d}, tuple(shape), dtype)
-        new = [joined]
-        if tuple(shape) != tuple(full):
-            index = tuple((spans[0][0], spans[-1][1], 1) if e == d else (0, s, 1)
-                          for e, s in enumerate(full))
-            new.append(Node("pad_slice", (joined,), {"shape": tuple(full), "index": index},
-                            tuple(full), dtype))
-        if init is not None:
-            new.append(Node("add", (init, new[-1]), {}, tuple(full), dtype))
-        replace[id(node)] = new
-    if not replace:
-        return
-    nodes = []
-    final = {}
-    for n in g.nodes:
-        n.inputs = tuple(final.get(id(i), i) for i in n.inputs)
-        if id(n) in replace:
-            nodes.extend(replace[id(n)])
-            final[id(n)] = replace[id(n)][-1]
-        else:
-            nodes.append(n)
-    g.nodes = nodes
-    g.outputs = [final.get(id(o), o) for o in g.outputs]
-    DeadCodeElimination().run(g)
-
-
-def _scatter_chain(node, single, outputs):
-    """(initial value or None, pad_slice pieces, dim) when `node` ends a chain of at least
-    MIN_TRIPS adds of pad_slices into one shape that differ along one dim only."""
-    if node.op != "add":
-        return None
-    pieces, cur = [], node
-    while cur.op == "add" and len(cur.inputs) == 2:
-        a, b = cur.inputs
-        piece, rest = (b, a) if _is_pad(b, single) else (a, b) if _is_pad(a, single) else \
-            (None, None)
-        if piece is None:
-            break
-        pieces.append(piece)
-        cur = rest
-        if cur.op != "add" or id(cur) not in single or id(cur) in outputs:
-            break
-    init = cur
-    if _is_pad(init, single) and init.attrs.get("shape") == pieces[-1].attrs.get("shape"):
-        pieces.append(init)
-        init = None
-    if len(pieces) < MIN_TRIPS or len({p.attrs["shape"] for p in pieces}) != 1:
-        return None
-    index = [p.attrs["index"] for p in pieces]
-    moving = [d for d in range(len(index[0])) if len({ix[d] for ix in index}) > 1]
-    if len(moving) != 1 or any(ix[e] != index[0][e] for ix in index
-                               for e in range(len(ix)) if e != moving[0]) or \
-            any(ix[moving[0]][2] != 1 for ix in index):
-        return None
-    if init is not None and tuple(init.shape) != tuple(node.shape):
-        return None
-    return init, pieces, moving[0]
-
-
-def _is_pad(node, single) -> bool:
-    return node.op == "pad_slice" and id(node) in single
-
-
 # ---- finding a region -------------------------------------------------------------------
 
 
 def _signature(node) -> tuple:
     """What two steps' copies of a node share: op, attributes (a slice's starts aside),
     type, and its operands' types."""
-    if _is_slice(node):
+    if is_slice(node):
         attrs = tuple((b - a, c) for a, b, c in node.attrs["index"])
     else:
         attrs = tuple(sorted((k, attr_key(v)) for k, v in node.attrs.items()))
@@ -269,7 +136,7 @@ def _rotations(seq, start, p, length) -> list:
         counts.append(running)
     low = min(counts)
     best = [r for r in range(p) if counts[r] == low][:2]
-    heads = [r for r in range(p) if s0 + p + r < len(seq) and _is_slice(seq[s0 + p + r])]
+    heads = [r for r in range(p) if s0 + p + r < len(seq) and is_slice(seq[s0 + p + r])]
     return list(dict.fromkeys(best + heads[:4]))
 
 
@@ -317,7 +184,7 @@ def _find_region(g: Graph):
 def _progression(nodes):
     """(base, SeqIn) when `nodes` (one per step) are slices of one base whose start moves
     by a fixed stride along one dim; else None."""
-    if not all(_is_slice(n) for n in nodes) or any(n.inputs[0] is not nodes[0].inputs[0]
+    if not all(is_slice(n) for n in nodes) or any(n.inputs[0] is not nodes[0].inputs[0]
                                                    for n in nodes):
         return None
     base = nodes[0].inputs[0]
@@ -347,7 +214,7 @@ def _validate(steps):
     pos = {id(n): (k, j) for k, step in enumerate(steps) for j, n in enumerate(step)}
     for j in range(r.period):
         column = [step[j] for step in steps]
-        if _is_slice(column[0]) and len({repr(n.attrs["index"]) for n in column}) > 1:
+        if is_slice(column[0]) and len({repr(n.attrs["index"]) for n in column}) > 1:
             found = _progression(column)
             if found is None or id(found[0]) in pos:
                 return None
@@ -515,64 +382,6 @@ def _rewrite(g: Graph, r: _Region) -> None:
     g.nodes = [n for n in g.nodes[:first] if id(n) not in members] + new_nodes + rest
     g.outputs = [replace.get(id(o), o) for o in g.outputs]
     DeadCodeElimination().run(g)
-
-
-def _pick_single_steps(g: Graph) -> None:
-    """A slice reading one step's block back from a collected output (a step the loops
-    left unrolled reads it) becomes a picked output of the loop, counted from the nearer
-    end: its index then does not depend on the trip count."""
-    loops = {}
-    for n in g.nodes:
-        if n.op == "loop_out" and n.inputs[0].op == "loop":
-            loops[id(n)] = n
-    replace = {}
-    for n in g.nodes:
-        src = n.inputs[0] if n.op == "slice" else None
-        if src is None or id(src) not in loops:
-            continue
-        loop = src.inputs[0]
-        spec = loop.attrs["spec"]
-        c = src.attrs["index"] - spec.n_carried
-        if not 0 <= c < spec.n_collected or spec.collects[c].dim < 0:
-            continue
-        k = _step_of(n, spec, c, src)
-        if k is None:
-            continue
-        trips = spec.trip_of(spec.seq_bases([i.shape for i in loop.inputs]))
-        pick = Pick(c, trips - 1 - k, True) if 2 * k >= trips else Pick(c, k)
-        picks = list(spec.picks)
-        if pick not in picks:
-            picks.append(pick)
-            loop.attrs["spec"] = spec.with_picks(picks)
-        index = spec.n_carried + spec.n_collected + picks.index(pick)
-        replace[id(n)] = Node("loop_out", (loop,), {"index": index}, tuple(n.shape), n.dtype)
-    if not replace:
-        return
-    nodes = []
-    for n in g.nodes:
-        n.inputs = tuple(replace.get(id(i), i) for i in n.inputs)
-        nodes.append(replace.get(id(n), n))
-    g.nodes = nodes
-    g.outputs = [replace.get(id(o), o) for o in g.outputs]
-    DeadCodeElimination().run(g)
-
-
-def _step_of(node, spec, c, src):
-    """The step whose block along the collect dim `node` (a slice of collected output c)
-    reads exactly, or None."""
-    collect = spec.collects[c]
-    width = spec.body.outputs[spec.n_carried + c].shape[collect.dim]
-    index = node.attrs["index"]
-    for d, (a, b, step) in enumerate(index):
-        whole = (a, b, step) == (0, src.shape[d], 1)
-        if d != collect.dim and not whole:
-            return None
-    a, b, step = index[collect.dim]
-    if step != 1 or b - a != width or a % width:
-        return None
-    block = a // width
-    trips = src.shape[collect.dim] // width
-    return trips - 1 - block if collect.reverse else block
 
 
 def _layouts(g, steps, collected, members) -> dict:
