@@ -208,6 +208,16 @@ def _progression(nodes):
     return base, seq
 
 
+def _rest(node, seq):
+    """The index a step's slice (`node`) applies to its sequence's step slice besides the
+    moving dim (x[t, B:] restricts dim 1 too), or None when it takes the whole of them."""
+    index = tuple((0, seq.width, 1) if e == seq.dim else bounds
+                  for e, bounds in enumerate(node.attrs["index"]))
+    whole = all(bounds == (0, s, 1) for e, (bounds, s) in
+                enumerate(zip(index, node.inputs[0].shape)) if e != seq.dim)
+    return None if whole else index
+
+
 def _validate(steps):
     """The region if its dataflow reroll as a loop (see the module docstring), else None."""
     r = _Region(steps)
@@ -218,7 +228,7 @@ def _validate(steps):
             found = _progression(column)
             if found is None or id(found[0]) in pos:
                 return None
-            r.seq_nodes[j] = _add_seq(r, found)
+            r.seq_nodes[j] = (_add_seq(r, found), _rest(column[0], found[1]))
             continue
         if any(not _same_attrs(n, column[0]) for n in column[1:]):
             return None
@@ -325,7 +335,7 @@ def _classify(r, pos, column):
     if all(v is column[0] for v in column):
         return ("inv", column[0])
     found = _progression(column)
-    if found is None:
+    if found is None or _rest(column[0], found[1]) is not None:
         return None
     return ("seq", _add_seq(r, found))
 
@@ -462,7 +472,9 @@ def _body(r, collected) -> tuple:
     clones = []
     for j, n in enumerate(step):
         if j in r.seq_nodes:
-            clones.append(seqs[r.seq_nodes[j]])
+            which, rest = r.seq_nodes[j]
+            clones.append(seqs[which] if rest is None else Node(
+                "slice", (seqs[which],), {"index": rest}, tuple(n.shape), n.dtype))
             continue
         ins = []
         for q, _ in enumerate(n.inputs):

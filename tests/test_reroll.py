@@ -398,3 +398,33 @@ def test_a_generalized_function_follows_a_change_of_what_it_reads():
             xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
             np.testing.assert_allclose(traced(xs).numpy(), f(xs).numpy(), rtol=1e-5,
                                        atol=1e-6)
+
+
+@pytest.mark.parametrize("how", ["part", "two_parts", "last_dim", "kept_dim"])
+def test_step_slices_that_also_cut_another_dim(how):
+    """Regression (review): x[t, B:] was read as x[t] (the fixed index on the other dims
+    was dropped), and x[t, :B] and x[t, B:] were merged into one sequence."""
+    cell = _cell("rnn", 4, 5)
+
+    def step_input(x, t):
+        if how == "part":
+            return x[t, 3:]
+        if how == "two_parts":
+            return x[t, :3] * 2 + x[t, 3:]
+        if how == "last_dim":
+            return hn.cat([x[t, :3, 1:], x[t, :3, :1]], 1)
+        return x[t:t + 1, 3:].sum(0)
+
+    def f(x):
+        h = hn.zeros(3, 5)
+        for t in range(x.shape[0]):
+            h = cell(step_input(x, t), h)
+        return h
+
+    traced = hn.trace(f)
+    rng = np.random.default_rng(7)
+    with hn.no_grad():
+        for _ in range(3):
+            x = hn.tensor(rng.standard_normal((9, 6, 4)).astype(np.float32))
+            np.testing.assert_allclose(traced(x).numpy(), f(x).numpy(), rtol=1e-5, atol=1e-6)
+    assert traced.stats.compiled_calls == 2
