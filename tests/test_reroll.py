@@ -428,3 +428,28 @@ def test_step_slices_that_also_cut_another_dim(how):
             x = hn.tensor(rng.standard_normal((9, 6, 4)).astype(np.float32))
             np.testing.assert_allclose(traced(x).numpy(), f(x).numpy(), rtol=1e-5, atol=1e-6)
     assert traced.stats.compiled_calls == 2
+
+
+@pytest.mark.parametrize("cls,layers", [(nn.LSTM, 2), (nn.GRU, 1)])
+def test_rnn_modules_compile_once_for_every_length(cls, layers):
+    """Traced, nn.LSTM/GRU project each step's input inside the step (the batched product
+    names steps * batch), so their loops generalize too."""
+    hn.manual_seed(8)
+    model = cls(4, 6, layers)
+    traced = hn.trace(model)
+    rng = np.random.default_rng(8)
+    for steps in (9, 12, 20, 15, 31):
+        x = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
+        model.zero_grad()
+        got = traced(x)[0]
+        got.sum().backward()
+        got_grads = _grads(model)
+        model.zero_grad()
+        want = model(x)[0]
+        want.sum().backward()
+        np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-5,
+                                   atol=1e-5)
+        for a, b in zip(got_grads, _grads(model)):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    assert len(traced.specializations) == 1 and traced.stats.compiled_calls >= 3, \
+        traced.stats

@@ -88,6 +88,20 @@ class Context:
         """The subscript for a static slice index ((start, stop, step) per dim)."""
         return ", ".join(f"{a}:{b}:{c}" for a, b, c in index) or ":"
 
+    def anchored_slice(self, var, index, shape) -> str:
+        """The subscript of a slice of `var` (traced `shape`): a dim's bounds nearer the
+        traced dim's end than its start are written from the runtime end (the same for
+        exact shapes; x[-2] of any length reads the same code)."""
+        parts = []
+        for d, ((a, b, c), size) in enumerate(zip(index, shape)):
+            if size - b < a:
+                end = f"{var}.shape[{d}]"
+                stop = end if b == size else f"{end} - {size - b}"
+                parts.append(f"{end} - {size - a}:{stop}:{c}")
+            else:
+                parts.append(f"{a}:{b}:{c}")
+        return ", ".join(parts) or ":"
+
     def math(self, name, dtype, optional=False):
         fast = self.mathlib.get(f"{name}_{np.dtype(dtype).name[:1]}{np.dtype(dtype).itemsize * 8}")
         if fast is not None:

@@ -47,14 +47,17 @@ def _slice(em, node, x):
     _static(em)
     v = em.ctx.var(node)
     em.emit(f"{v}_x = {x}")
-    # (a kernel shared by calls of other lengths, hybridnet.jit.dynamic, must not slice
-    # past a shorter sequence's end: NumPy would clip; that call runs eagerly instead)
-    short = " or ".join(f"{v}_x.shape[{d}] < {b}" for d, (_, b, _) in
-                        enumerate(node.attrs["index"]) if b > 1)
-    if short:
-        em.emit(f"if {short}:")
+    index, shape = node.attrs["index"], node.inputs[0].shape
+    # A kernel shared by calls of other lengths (hybridnet.jit.dynamic) must not slice past
+    # a shorter input's end (NumPy would clip; that call runs eagerly instead). A slice
+    # that ends where its dim ends is written from the end (x[-1] of any length reads the
+    # same code).
+    need = [f"{v}_x.shape[{d}] < {size - a if size - b < a else b}"
+            for d, ((a, b, _), size) in enumerate(zip(index, shape)) if b > 1]
+    if need:
+        em.emit(f"if {' or '.join(need)}:")
         em.emit("    raise ValueError('hn-loop: a slice reaches past a shorter input')")
-    em.emit(f"{v} = {v}_x[{em.ctx.slice_text(node.attrs['index'])}]")
+    em.emit(f"{v} = {v}_x[{em.ctx.anchored_slice(f'{v}_x', index, shape)}]")
 
 
 def _pad_slice(em, node, x):

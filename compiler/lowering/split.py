@@ -79,6 +79,21 @@ class ChunkContext(Context):
     def group_id(self, group) -> int:
         return self._groups[id(group)]
 
+    def anchored_slice(self, var, index, shape) -> str:
+        """As Context.anchored_slice, the integers taken from Z (bounds near the end as
+        distances from it)."""
+        parts = []
+        for d, ((a, b, c), size) in enumerate(zip(index, shape)):
+            k = len(self.ints)
+            if size - b < a:
+                self.ints.extend((size - a, size - b, c))
+                end = f"{var}.shape[{d}]"
+                parts.append(f"{end} - Z[{k}]:{end} - Z[{k + 1}]:Z[{k + 2}]")
+            else:
+                self.ints.extend((a, b, c))
+                parts.append(f"Z[{k}]:Z[{k + 1}]:Z[{k + 2}]")
+        return ", ".join(parts) or ":"
+
     def slice_text(self, index) -> str:
         parts = []
         for bounds in index:

@@ -4,6 +4,7 @@ import math
 
 from compiler.errors import ShapeError
 
+from .._state import STATE
 from ..creation import empty, zeros
 from ..shape import cat, stack
 from . import functional as F
@@ -11,6 +12,11 @@ from . import init
 from .module import Module
 from .parameter import Parameter
 from .rnn import _GATES, _act, gru_step, lstm_step, rnn_step
+
+
+def _project(x, w_ih, b_ih):
+    out = x @ w_ih.T
+    return out if b_ih is None else out + b_ih
 
 
 class _RNNBase(Module):
@@ -69,14 +75,19 @@ class _RNNBase(Module):
     def _run_direction(self, xs, state, layer, suffix):
         w_ih, w_hh, b_ih, b_hh = self._weights(layer, suffix)
         steps, batch = xs.shape[0], xs.shape[1]
-        proj = (xs.reshape(steps * batch, -1) @ w_ih.T)
-        if b_ih is not None:
-            proj = proj + b_ih
-        proj = proj.reshape(steps, batch, -1)
+        proj = None
+        if STATE.tracer is None:  # one product for every step's input projection
+            proj = (xs.reshape(steps * batch, -1) @ w_ih.T)
+            if b_ih is not None:
+                proj = proj + b_ih
+            proj = proj.reshape(steps, batch, -1)
+        # (traced, each step projects its own input: the trace then names no steps * batch
+        # size, and its rerolled loop serves every length, compiler.reroll)
         order = range(steps - 1, -1, -1) if suffix else range(steps)
         outs = [None] * steps
         for t in order:
-            state = self._step(proj[t], state, w_hh, b_hh)
+            x_t = proj[t] if proj is not None else _project(xs[t], w_ih, b_ih)
+            state = self._step(x_t, state, w_hh, b_hh)
             outs[t] = state[0] if self.mode == "LSTM" else state
         return stack(outs, 0) if steps else xs[:, :, :0], state
 
