@@ -22,7 +22,7 @@ import numpy as np
 
 from . import interpret
 from .errors import OpError, ShapeError
-from .registry import OpDef, Trait, register
+from .registry import REGISTRY, OpDef, Trait, register
 
 _LOOP_DTYPE = np.dtype(np.bool_)  # (the loop node itself only feeds its projections)
 
@@ -207,6 +207,17 @@ def _loop_impl(*arrays, spec):
     return tuple(carried) + tuple(collected) + tuple(picked)
 
 
+def is_loop(node) -> bool:
+    """A loop node (control flow whose type rule is its own, not a projection's)."""
+    opdef = REGISTRY[node.op]
+    return opdef.has(Trait.CONTROL) and opdef.infer_node is None
+
+
+def is_projection(node) -> bool:
+    """One output of a multi-output node (a loop's loop_out): its type comes from it."""
+    return REGISTRY[node.op].infer_node is not None
+
+
 def _loop_out_infer_node(node):
     loop = node.inputs[0]
     types = loop.attrs["spec"].output_types([i.shape for i in loop.inputs])
@@ -235,7 +246,7 @@ def describe(graph) -> list:
     names = graph.names()
     lines = []
     for node in graph.nodes:
-        spec = node.attrs.get("spec") if node.op == "loop" else None
+        spec = node.attrs.get("spec") if is_loop(node) else None
         if spec is None:
             continue
         k, n = spec.n_carried, spec.n_invariant

@@ -186,7 +186,7 @@ def _max_grad(first: bool):
 
 # The identity of IEEE addition is -0.0 (x + 0.0 turns -0.0 into 0.0); of subtraction 0.0.
 _binary("add", np.add, (lambda e, g, x, o, a: g, lambda e, g, x, o, a: g), _NONE,
-        commutative=True, identity=-0.0)
+        commutative=True, identity=-0.0, sums=True)
 _binary("sub", np.subtract, (lambda e, g, x, o, a: g, lambda e, g, x, o, a: e("neg", g)),
         _NONE, allow_bool=False, identity=0)
 _binary("mul", np.multiply, (lambda e, g, x, o, a: e("mul", g, x[1]),

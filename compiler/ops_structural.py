@@ -208,10 +208,12 @@ register(OpDef("slice", 1, lambda x, index: x[_slices(index)], _slice_rule,
                vjp=(lambda e, g, x, o, a: e("pad_slice", g, shape=tuple(x[0].shape),
                                             index=a["index"]),),
                attrs=("index",), traits=_MOVE, saves=_NONE, noop_same_type=True,
+               window="read",
                doc="basic slicing: `index` holds (start, stop, step) per dim, step > 0"))
 register(OpDef("pad_slice", 1, _pad_slice_impl, _pad_slice_rule,
                vjp=(lambda e, g, x, o, a: e("slice", g, index=a["index"]),),
                attrs=("shape", "index"), traits=_MOVE, saves=_NONE, noop_same_type=True,
+               window="write",
                doc="zeros of `shape` with the input written at `index` (slice's vjp)"))
 
 
@@ -246,7 +248,7 @@ def _cat_vjp(e, g, xs, o, a):
 
 
 register(OpDef("cat", -1, lambda *xs, dim: np.concatenate(xs, axis=dim), _cat_rule,
-               vjp=_cat_vjp, attrs=("dim",), traits=_MOVE, saves=_NONE,
+               vjp=_cat_vjp, attrs=("dim",), traits=_MOVE, saves=_NONE, joins=True,
                doc="concatenate along `dim`"))
 
 

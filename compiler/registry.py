@@ -68,6 +68,13 @@ class OpDef:
     # infer_node(node) -> (shape, dtype), for ops whose type depends on more than their
     # operands' types (a loop's projections: on the loop's attributes)
     infer_node: Callable = None
+    # What loop rerolling asks of an op (compiler.reroll): window "read" when it takes the
+    # window `index` of its operand (slice), "write" when it writes its operand into the
+    # window `index` of zeros (pad_slice); `joins`: it concatenates its operands along
+    # `dim` (cat); `sums`: elementwise a + b (how gradients accumulate)
+    window: str = None
+    joins: bool = False
+    sums: bool = False
 
     @property
     def differentiable(self) -> bool:

@@ -24,7 +24,7 @@ transpose) are hoisted out of the steps first, so every step looks alike.
 from collections import Counter
 
 from .ir import Graph, Node
-from .loop import Collect, LoopSpec, SeqIn
+from .loop import Collect, LoopSpec, SeqIn, is_projection
 from .passes.cse import attr_key
 from .passes.dce import DeadCodeElimination
 from .passes.manager import optimize
@@ -34,6 +34,7 @@ from .reroll_edits import (
     hoist_invariants,
     is_slice,
     merge_copies,
+    moving_dim,
     pick_single_steps,
 )
 
@@ -189,12 +190,8 @@ def _progression(nodes):
         return None
     base = nodes[0].inputs[0]
     index = [n.attrs["index"] for n in nodes]
-    moving = [d for d in range(len(index[0])) if len({ix[d] for ix in index}) > 1]
-    if len(moving) != 1:
-        return None
-    d = moving[0]
-    if any(ix[d][2] != 1 for ix in index) or \
-            any(ix[e] != index[0][e] for ix in index for e in range(len(ix)) if e != d):
+    d = moving_dim(index)
+    if d is None:
         return None
     starts = [ix[d][0] for ix in index]
     stride = starts[1] - starts[0]
@@ -403,7 +400,7 @@ def _layouts(g, steps, collected, members) -> dict:
         shape = steps[0][j].shape
         layouts[j] = Collect(0) if len(shape) else Collect(-1)
         for n in g.nodes:
-            if n.op != "cat" or id(n) in members:
+            if not REGISTRY[n.op].joins or id(n) in members:
                 continue
             ids = [id(i) for i in n.inputs]
             for rev, want in ((False, order), (True, order[::-1])):
@@ -430,7 +427,7 @@ def _replace_cats(g, steps, column_of, layouts, members) -> dict:
     instead (id(cat) -> its replacement when nothing else is left to join)."""
     whole = {}
     for n in g.nodes:
-        if n.op != "cat" or id(n) in members:
+        if not REGISTRY[n.op].joins or id(n) in members:
             continue
         for j, out in column_of.items():
             layout = layouts[j]
@@ -443,7 +440,7 @@ def _replace_cats(g, steps, column_of, layouts, members) -> dict:
                 continue
             n.inputs = n.inputs[:at] + (out,) + n.inputs[at + len(order):]
             ids = [id(i) for i in n.inputs]
-        if len(n.inputs) == 1 and n.inputs[0].op == "loop_out":
+        if len(n.inputs) == 1 and is_projection(n.inputs[0]):
             whole[id(n)] = n.inputs[0]
     return whole
 

@@ -5,7 +5,7 @@ become picked outputs of their loop.
 """
 
 from .ir import Graph, Node
-from .loop import Pick
+from .loop import Pick, is_loop, is_projection
 from .passes.cse import node_key
 from .passes.dce import DeadCodeElimination
 from .passes.rewrite import rewrite_graph
@@ -15,7 +15,25 @@ MIN_PIECES = 3  # scatter chains of fewer pieces stay as they are
 
 
 def is_slice(node) -> bool:
-    return node.op == "slice"
+    """Does `node` read a window of its operand (registry fact `window`)?"""
+    return REGISTRY[node.op].window == "read"
+
+
+def _sums(node) -> bool:
+    return REGISTRY[node.op].sums and len(node.inputs) == 2
+
+
+def moving_dim(indexes):
+    """The one dim along which window indexes ((start, stop, step) per dim, one per step)
+    differ, all with step 1, the others alike; else None."""
+    moving = [d for d in range(len(indexes[0])) if len({ix[d] for ix in indexes}) > 1]
+    if len(moving) != 1:
+        return None
+    d = moving[0]
+    if any(ix[d][2] != 1 for ix in indexes) or \
+            any(ix[e] != indexes[0][e] for ix in indexes for e in range(len(ix)) if e != d):
+        return None
+    return d
 
 
 def merge_copies(g: Graph) -> None:
@@ -65,10 +83,10 @@ def gather_scatters(g: Graph) -> None:
     outputs = {id(o) for o in g.outputs}
     inner = set()  # adds whose one user adds a piece to them: inside a chain, not its end
     for node in g.nodes:
-        if node.op == "add" and len(node.inputs) == 2:
+        if _sums(node):
             a, b = node.inputs
             for piece, rest in ((b, a), (a, b)):
-                if _is_pad(piece, single) and rest.op == "add" and id(rest) in single and \
+                if _is_pad(piece, single) and _sums(rest) and id(rest) in single and \
                         id(rest) not in outputs:
                     inner.add(id(rest))
     replace = {}
@@ -116,10 +134,10 @@ def gather_scatters(g: Graph) -> None:
 def _scatter_chain(node, single, outputs):
     """(initial value or None, pad_slice pieces, dim) when `node` ends a chain of at least
     MIN_PIECES adds of pad_slices into one shape that differ along one dim only."""
-    if node.op != "add":
+    if not _sums(node):
         return None
     pieces, cur = [], node
-    while cur.op == "add" and len(cur.inputs) == 2:
+    while _sums(cur):
         a, b = cur.inputs
         piece, rest = (b, a) if _is_pad(b, single) else (a, b) if _is_pad(a, single) else \
             (None, None)
@@ -127,7 +145,7 @@ def _scatter_chain(node, single, outputs):
             break
         pieces.append(piece)
         cur = rest
-        if cur.op != "add" or id(cur) not in single or id(cur) in outputs:
+        if not _sums(cur) or id(cur) not in single or id(cur) in outputs:
             break
     init = cur
     if _is_pad(init, single) and init.attrs.get("shape") == pieces[-1].attrs.get("shape"):
@@ -135,19 +153,16 @@ def _scatter_chain(node, single, outputs):
         init = None
     if len(pieces) < MIN_PIECES or len({p.attrs["shape"] for p in pieces}) != 1:
         return None
-    index = [p.attrs["index"] for p in pieces]
-    moving = [d for d in range(len(index[0])) if len({ix[d] for ix in index}) > 1]
-    if len(moving) != 1 or any(ix[e] != index[0][e] for ix in index
-                               for e in range(len(ix)) if e != moving[0]) or \
-            any(ix[moving[0]][2] != 1 for ix in index):
+    d = moving_dim([p.attrs["index"] for p in pieces])
+    if d is None:
         return None
     if init is not None and tuple(init.shape) != tuple(node.shape):
         return None
-    return init, pieces, moving[0]
+    return init, pieces, d
 
 
 def _is_pad(node, single) -> bool:
-    return node.op == "pad_slice" and id(node) in single
+    return REGISTRY[node.op].window == "write" and id(node) in single
 
 
 def pick_single_steps(g: Graph) -> None:
@@ -156,11 +171,11 @@ def pick_single_steps(g: Graph) -> None:
     end: its index then does not depend on the trip count."""
     loops = {}
     for n in g.nodes:
-        if n.op == "loop_out" and n.inputs[0].op == "loop":
+        if is_projection(n) and is_loop(n.inputs[0]):
             loops[id(n)] = n
     replace = {}
     for n in g.nodes:
-        src = n.inputs[0] if n.op == "slice" else None
+        src = n.inputs[0] if is_slice(n) else None
         if src is None or id(src) not in loops:
             continue
         loop = src.inputs[0]

@@ -10,6 +10,9 @@ eagerly). Step 0 is written out before the loop, so the collected outputs can be
 allocated from the shapes the body returns (the body is generic in sizes too).
 """
 
+from ..loop import is_projection
+
+
 def body_program(spec, ctx):
     """The lowered body of a loop and which of its outputs may be an input's array (the
     caller lowers the bodies first: `Context.bodies`, by the loop's structure)."""
@@ -90,7 +93,7 @@ def emit_loop(em, node, *inputs):
     ctx.uses_blas = ctx.uses_blas or program.uses_blas
     ctx.may_exit = ctx.may_exit or bool(spec.seqs)
     k, n = spec.n_carried, spec.n_invariant
-    users = [u for u in em.users.get(id(node), ()) if u.op == "loop_out"]
+    users = [u for u in em.users.get(id(node), ()) if is_projection(u)]
     names = {"v": v, "body": body, "single": program.single_output, "trip": f"{v}_T",
              "carried": [f"{v}_c{i}" for i in range(k)],
              "collected": [f"{v}_y{j}" for j in range(spec.n_collected)],

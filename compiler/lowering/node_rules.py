@@ -9,6 +9,7 @@ import numpy as np
 from .. import blas
 from ..errors import LoweringError
 from ..ir import pad_shape as _pad
+from ..registry import REGISTRY
 from .loop_rule import emit_loop, emit_loop_out
 from .rules import is_reduction
 
@@ -259,7 +260,7 @@ def large_product(graph) -> bool:
 def defined_by_producer(node) -> bool:
     """Is `node`'s variable defined by the rule of the node it reads (a loop's outputs),
     so no kernel boundary may separate them?"""
-    return node.op == "loop_out"
+    return REGISTRY[node.op].infer_node is not None
 
 
 def fresh_output(node) -> bool:

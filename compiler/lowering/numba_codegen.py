@@ -16,6 +16,7 @@ faster than linearly with the size of one function.
 import os
 
 from ..errors import LoweringError
+from ..loop import is_loop
 from ..passes.fusion import LoopGroup, NodeUnit, partition
 from . import node_rules
 from .buffers import BufferPlanner
@@ -100,7 +101,7 @@ def _lower_bodies(graph, mathlib) -> dict:
     one (copied when they leave the loop)."""
     found = {}
     for node in graph.nodes:
-        spec = node.attrs.get("spec") if node.op == "loop" else None
+        spec = node.attrs.get("spec") if is_loop(node) else None
         if spec is None or spec.key in found:
             continue
         body = _BODIES.get(spec.key)

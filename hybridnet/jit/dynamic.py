@@ -17,14 +17,14 @@ took. Such functions should pass `dynamic=False`.
 
 import numpy as np
 
-from compiler.registry import REGISTRY, Trait
+from compiler.loop import is_loop
 
 
 def loop_trips(graph) -> tuple:
     """The trip count of each loop of `graph` whose trip count comes from sizes."""
     trips = []
     for node in graph.nodes:
-        spec = node.attrs.get("spec") if REGISTRY[node.op].has(Trait.CONTROL) else None
+        spec = node.attrs.get("spec") if is_loop(node) else None
         if spec is not None and spec.seqs:
             trips.append(spec.trip_of(spec.seq_bases([i.shape for i in node.inputs])))
     return tuple(trips)
@@ -36,7 +36,7 @@ def loop_dims(tg, graph) -> frozenset:
     position = {id(n): i for i, n in enumerate(graph.inputs)}
     found = set()
     for node in graph.nodes:
-        spec = node.attrs.get("spec") if REGISTRY[node.op].has(Trait.CONTROL) else None
+        spec = node.attrs.get("spec") if is_loop(node) else None
         if spec is None:
             continue
         for seq, base in zip(spec.seqs, spec.seq_bases(node.inputs)):
@@ -164,9 +164,7 @@ def least_sizes(trace, dims) -> tuple:
     graphs = [trace.result.optimized]
     if trace.result.backward is not None:
         graphs.append(trace.result.backward.split.backward)
-    trips = [n.attrs["spec"].trip_of(n.attrs["spec"].seq_bases([i.shape for i in n.inputs]))
-             for g in graphs for n in g.nodes
-             if REGISTRY[n.op].has(Trait.CONTROL) and "spec" in n.attrs and n.attrs["spec"].seqs]
+    trips = [t for g in graphs for t in loop_trips(g)]
     fewest = min(trips, default=1)
     shapes = {s.index: s.shape for s in trace.tg.sources if s.kind == "arg"}
     return tuple((i, d, shapes[i][d] - fewest + 1) for i, d in sorted(dims) if i in shapes)
