@@ -512,6 +512,64 @@ def _module_backward(seed):
     return Twin(model, {"model": model, "opt": o}, calls)
 
 
+# ---- list arguments (passed packed: jit.pytree.Packed) ----------------------------------
+
+
+@scenario("list/cell_trained_over_lists_of_many_lengths")
+def _list_training(seed):
+    cell = nn.GRUCell(3, 4)
+    o = optim.SGD(cell.parameters(), lr=0.1, momentum=0.9)
+
+    def fn(xs, y):
+        h = hn.zeros(2, 4)
+        for x in xs:
+            h = cell(x, h)
+        return F.mse_loss(h, y)
+
+    def calls(f):
+        for steps in (8, 11, 8, 15, 9, 20, 3, 30):
+            loss = yield call([hn.randn(2, 3) for _ in range(steps)], hn.randn(2, 4))
+            loss.backward()
+            o.step()
+            o.zero_grad()
+    return Twin(fn, {"cell": cell, "opt": o}, calls)
+
+
+def _held_list_scenario(body, steps=4):
+    def make(seed):
+        held = [hn.randn(3) for _ in range(steps)]
+
+        def calls(f):
+            for i in range(N):
+                if i == 3:
+                    with hn.no_grad():
+                        held[1].mul_(-1.0)
+                yield call(held)
+        return Twin(body, {"held": held}, calls)
+    return make
+
+
+def _item_add_(xs):
+    xs[0].add_(1.0)
+    return xs[0] * xs[1]
+
+
+def _returns_items(xs):
+    return xs[-1], xs[0] + xs[1], xs
+
+
+def _sums_items(xs):
+    total = xs[0]
+    for x in xs[1:]:
+        total = total * 0.5 + x
+    return total
+
+
+SCENARIOS["list/item_updated_in_place"] = _held_list_scenario(_item_add_)
+SCENARIOS["list/returns_items_and_the_list"] = _held_list_scenario(_returns_items)
+SCENARIOS["list/held_list_read_each_call"] = _held_list_scenario(_sums_items, steps=9)
+
+
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_twin_scenario(name):
     run_twins(name, SCENARIOS[name], seed=zlib.crc32(name.encode()) % 10_000)

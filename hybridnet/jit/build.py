@@ -25,11 +25,20 @@ class Untraceable(Exception):
 
     `retry`: the reason is this call's own (it changed state that a later call will find
     settled), so the next call is traced again instead of running eagerly for good.
+    `unpack`: the call uses an item of a list argument as an object (updates it in place,
+    returns it, reads its .grad), which a packed list (pytree.Packed) cannot replay: the
+    function's list arguments are traced item by item from the next call on.
     """
 
-    def __init__(self, message, retry=False):
+    def __init__(self, message, retry=False, unpack=False):
         super().__init__(message)
         self.retry = retry
+        self.unpack = unpack
+
+
+def _unpack(what):
+    return Untraceable(f"the call {what} an item of a list argument; list arguments of "
+                       "this function are traced item by item from now on", unpack=True)
 
 
 @dataclass
@@ -93,7 +102,16 @@ class _Builder:
         self.rec = recorder
         self.pinned = pinned
         self.flat = flat_args
-        self.arg_index = {id(n): i for i, n in enumerate(arg_nodes)}
+        self.arg_index, self.item_index, self.items = {}, {}, {}
+        for i, n in enumerate(arg_nodes):
+            if isinstance(n, list):  # a Packed list: its items' nodes
+                for k, item in enumerate(n):
+                    self.item_index.setdefault(id(item), (i, k))
+                self.items.update((id(t), t) for t in flat_args[i].items)
+            else:
+                self.arg_index[id(n)] = i
+        self.packed_inputs = {}  # flat index of a Packed -> its input node
+        self.nodes = []  # the body, in order
         self.recorded = {id(n) for n in recorder.nodes}
         self.mapping = {}  # id(tape node) -> new Node
         self.inputs, self.sources, self.consts = [], [], []
@@ -125,6 +143,8 @@ class _Builder:
             t = self.flat[i]
             return self._add_input(tape_node, Source("arg", i, shape=t.shape,
                                                      dtype=t._data.dtype, rg=t._rg), t)
+        if id(tape_node) in self.item_index:
+            return self._item(tape_node, *self.item_index[id(tape_node)])
         if tape_node.op == "const":
             node = Node("const", (), dict(tape_node.attrs), (), tape_node.dtype)
             self.mapping[id(tape_node)] = node
@@ -135,7 +155,33 @@ class _Builder:
                               f"neither an argument nor computed inside it ({tape_node.op})")
         return self._leaf(tape_node)
 
+    def _item(self, tape_node, i, k):
+        """Item k of the Packed list argument i: `packed[k]`, recorded where it is first
+        used, as indexing records x[k] (so a loop over the list rerolls like one over a
+        tensor's first dim)."""
+        packed = self.packed_inputs.get(i)
+        if packed is None:
+            p = self.flat[i]
+            packed = Node("input", (), {}, p.shape, p._data.dtype)
+            self.inputs.append(packed)
+            self.sources.append(Source("arg", i, shape=p.shape, dtype=p._data.dtype))
+            self.packed_inputs[i] = packed
+        shape, dtype = tuple(tape_node.shape), tape_node.dtype
+        index = ((k, k + 1, 1),) + tuple((0, s, 1) for s in shape)
+        cut = Node("slice", (packed,), {"index": index}, (1,) + shape, dtype)
+        node = Node("reshape", (cut,), {"shape": shape}, shape, dtype)
+        self.nodes += [cut, node]
+        self.mapping[id(tape_node)] = node
+        return node
+
+    def outside_arrays(self) -> list:
+        """The arrays of the tensors passed in (a list's items, not its stacked copy)."""
+        arrays = [t._data for t in self.flat if not hasattr(t, "items")]
+        return arrays + [t._data for t in self.items.values()]
+
     def tensor_ref(self, t) -> TensorRef:
+        if id(t) in self.items:
+            raise _unpack("reads or assigns the .grad of (or checks an attribute of)")
         i = next((i for i, a in enumerate(self.flat) if a is t), None)
         return TensorRef(i) if i is not None else TensorRef(ref=weakref.ref(t))
 
@@ -146,7 +192,8 @@ class _Builder:
         first = self.leaf_of_tensor.setdefault(id(t), tape_node)
         value = getattr(tape_node, "value", None)
         stale = value is not None and value is not t._data
-        if first is not tape_node or stale or any(a is t for a in self.flat):
+        if first is not tape_node or stale or any(a is t for a in self.flat) or \
+                id(t) in self.items:
             # an argument met again as a new leaf, or two leaves of one tensor: its
             # buffer was replaced (t.data = ...) during the call
             raise Untraceable("the function replaces a tensor's data (t.data = ...); the "
@@ -172,6 +219,8 @@ class _Builder:
 
     def source_for(self, t) -> Source:
         """How a call finds tensor `t` from outside it (not an argument)."""
+        if id(t) in self.items:
+            raise _unpack("updates in place")
         meta = dict(shape=t.shape, dtype=t._data.dtype, rg=t._rg)
         if id(t) in self.grad_of:
             # read through owner.grad; when the function can reach t another way too (the
@@ -189,7 +238,7 @@ class _Builder:
         return self.external(tape_node)
 
     def body(self):
-        nodes = []
+        nodes = self.nodes
         for tn in self.rec.nodes:
             node = Node(tn.op, tuple(self.value(i) for i in tn.inputs), dict(tn.attrs),
                         tuple(tn.shape), tn.dtype)
@@ -300,6 +349,8 @@ def _tensors_in_reads(recorder) -> frozenset:
 def _result_source(b, t, k, result_leaves):
     """A result that is a tensor from outside the call (an argument, a parameter), or one
     returned twice, is returned as that very object, as eager returns it."""
+    if id(t) in b.items:
+        raise _unpack("returns")
     for i, a in enumerate(b.flat):
         if a is t:
             return ("arg", i)
@@ -359,7 +410,7 @@ def _grad_writes(b, recorder, out_nodes, result_leaves):
     """`.grad` assignments the call made (zero_grad(), p.grad = ...), replayed after the
     kernel: (owner, None | output index, index of the result that is the same tensor)."""
     writes = []
-    outside = [t._data for t in b.flat] + [
+    outside = b.outside_arrays() + [
         t._data for t in (s.ref() for s in b.sources if s.kind == "captured") if t is not None]
     for t, _, _, written, value in recorder.grads.values():
         if not written:
@@ -378,11 +429,14 @@ def _grad_writes(b, recorder, out_nodes, result_leaves):
 
 
 def _fresh_results(b, result_leaves):
-    outside = [t._data for t in b.flat]
+    items = [t._data for t in b.items.values()]
+    outside = b.outside_arrays()
     outside += [t._data for t in (s.ref() for s in b.sources if s.kind == "captured")
                 if t is not None]
     fresh = []
     for k, t in enumerate(result_leaves):
+        if any(np.may_share_memory(t._data, a) for a in items):
+            raise _unpack("returns a view of")
         others = outside + [r._data for j, r in enumerate(result_leaves) if j != k]
         fresh.append(not any(np.may_share_memory(t._data, a) for a in others))
     return fresh

@@ -30,6 +30,7 @@ from .keys import (
     module_objects_key,
     same_tensors,
 )
+from .pytree import pack
 from .reads import value_key
 
 _SCALARS = (bool, int, float, str, type(None))
@@ -41,6 +42,7 @@ class _Writer:
         self.complex_env = False
         self.modules = set()  # ids of the modules already checked
         self.symbolic = {}  # flat index -> the dims whose sizes are symbolic
+        self.packs = False  # lists of tensors alike are one Packed leaf (pytree.pack)
 
     def const(self, value, prefix="K") -> str:
         name = f"{prefix}{len(self.ns)}"
@@ -81,6 +83,8 @@ def _value(w, var, obj):
     elif isinstance(obj, Module):
         w.fail_unless(f"{var} is {w.const(obj, 'M')}")
         _module(w, obj)
+    elif w.packs and pack(obj) is not None:
+        _packed(w, var, obj)
     elif isinstance(obj, (tuple, list)):
         w.fail_unless(f"{var}.__class__ is {w.const(type(obj), 'C')} and len({var}) == "
                       f"{len(obj)}")
@@ -92,6 +96,19 @@ def _value(w, var, obj):
             _value(w, w.bind(f"{var}[{w.const(k)}]"), item)
     else:  # flatten would have refused it
         raise TypeError(type(obj).__name__)
+
+
+def _packed(w, var, obj):
+    """A list passed packed: its items' class, shape and dtype (its length too, unless the
+    packed dim is symbolic), as pytree.pack checks them."""
+    d = obj[0]._data
+    symbolic = w.symbolic.get(len(w.flat), ())
+    n = None if 0 in symbolic else len(obj)
+    free = w.const(frozenset(k - 1 for k in symbolic if k > 0))
+    packed = w.bind(f"PACK({var}, {n}, {w.const(type(obj[0]), 'C')}, {d.shape!r}, "
+                    f"{w.const(d.dtype, 'D')}, {free})")
+    w.fail_unless(f"{packed} is not None")
+    w.flat.append(packed)
 
 
 def _module(w, module):
@@ -166,12 +183,15 @@ def _reach_all(w, fn):
 
 
 def make_guard(args, kwargs, key, fn=None, module=None, same=None, bound=None,
-               symbolic=()):
+               symbolic=(), packs=False):
     """The guard function for a specialization first seen on `args`/`kwargs` with static
     `key` (fn: the plain function whose environment is keyed; module: a traced Module;
-    symbolic: (flat index, dim) pairs whose sizes any call may have).
+    symbolic: (flat index, dim) pairs whose sizes any call may have; packs: lists of
+    tensors alike are Packed leaves, as flatten(packs=True) makes them).
     Returns (guard, VER cell to refresh with STRUCTURE_VERSION)."""
     w = _Writer()
+    w.packs = packs
+    w.ns["PACK"] = pack
     for i, d in symbolic:
         w.symbolic.setdefault(i, set()).add(d)
     w.ns.update(VK=value_key, MOK=module_objects_key, EK=env_key, SK=env_value_key,

@@ -322,8 +322,10 @@ def _describe_metas(new, old) -> str:
 def describe_meta(m) -> str:
     """One tensor input of a key as text: 'float32[3, 4] requires_grad'."""
     shape, dtype, rg = m[:3]
-    dims = ", ".join("*" if s is None else str(s) for s in shape)  # (*: any size, dynamic.py)
-    return f"{dtype}[{dims}]{' requires_grad' if rg else ''}"
+    dims = ["*" if s is None else str(s) for s in shape]  # (*: any size, dynamic.py)
+    if len(m) > 3 and getattr(m[3], "__name__", "") == "Packed":  # (pytree.Packed)
+        return f"list of {dims[0]} {dtype}[{', '.join(dims[1:])}]"
+    return f"{dtype}[{', '.join(dims)}]{' requires_grad' if rg else ''}"
 
 
 def _describe_env(new, old) -> str:

@@ -35,7 +35,7 @@ from .keys import (
     module_key,
     same_tensors,
 )
-from .pytree import Unsupported, flatten
+from .pytree import Packed, Unsupported, flatten
 from .run import Trace
 from .stats import Stats
 
@@ -94,6 +94,10 @@ class TracedFunction:
         self._hot = []  # specializations with a guard function, most recently hit first
         self._symbolic = {}  # argument structure -> its symbolic (flat index, dim) sizes
         self._stale = {}  # key -> how often its traces went stale
+        # list arguments of tensors alike are passed packed (pytree.Packed), so a loop
+        # over one serves every length; off for dynamic=False, or once a call used an item
+        # as an object (build._unpack)
+        self._packs = dynamic is not False
         self._hn_traced_fn = self
         if self.module is None:
             functools.update_wrapper(self, fn, updated=())
@@ -115,7 +119,8 @@ class TracedFunction:
 
     def _key(self, flat, spec):
         self._refresh_env()
-        metas = tuple((t._data.shape, t._data.dtype, t._rg, t.__class__) for t in flat)
+        metas = tuple((t.shape if isinstance(t, Packed) else t._data.shape, t._data.dtype,
+                       t._rg, t.__class__) for t in flat)
         symbolic = self._symbolic.get(spec) if self._symbolic else None
         if symbolic:
             metas = mask_metas(metas, symbolic)
@@ -149,7 +154,7 @@ class TracedFunction:
     def _slow_call(self, args, kwargs):
         self.stats.slow_lookups += 1
         try:
-            flat, spec = flatten((args, kwargs), module_key=module_key)
+            flat, spec = flatten((args, kwargs), module_key=module_key, packs=self._packs)
         except Unsupported as exc:
             return self._eager(args, kwargs, f"unsupported argument: {exc}")
         key = self._key(flat, spec)
@@ -204,11 +209,15 @@ class TracedFunction:
             # change what it reads)
             entry.pending = make_guard(
                 args, kwargs, entry.key, fn=self._env_fn if self._has_env else None,
-                module=self.module, same=entry.key[3], bound=self._self)
+                module=self.module, same=entry.key[3], bound=self._self, packs=self._packs)
         result, tg_or_exc = self._record(flat, args, kwargs, entry.key)
         if isinstance(tg_or_exc, Exception):
             reason = str(tg_or_exc)
-            if getattr(tg_or_exc, "retry", False):
+            if getattr(tg_or_exc, "unpack", False):
+                self._packs = False
+                self._forget(entry)
+                self.stats.event("eager", reason)
+            elif getattr(tg_or_exc, "retry", False):
                 self._forget(entry)
                 self.stats.event("eager", reason)
             elif first:
@@ -230,7 +239,8 @@ class TracedFunction:
         start = time.perf_counter()
         self.stats.traces += 1
         with TraceRecorder() as rec:
-            arg_nodes = [node_of(t) for t in flat]
+            arg_nodes = [[node_of(x) for x in t.items] if isinstance(t, Packed) else node_of(t)
+                         for t in flat]
             result = self.fn(*args, **kwargs)
             try:
                 leaves, spec = flatten(result)
@@ -286,7 +296,8 @@ class TracedFunction:
             theirs.min_sizes = least_sizes(theirs, symbolic)
             other.guard, other.version = make_guard(
                 args, kwargs, other.key, fn=self._env_fn if self._has_env else None,
-                module=self.module, same=other.key[3], bound=self._self, symbolic=symbolic)
+                module=self.module, same=other.key[3], bound=self._self, symbolic=symbolic,
+                packs=self._packs)
             self.specializations.put(other.key, other)
             self._promote(other)
             self.stats.event("generalize", "loop trip counts made symbolic (sizes "

@@ -1,0 +1,219 @@
+"""Loops over a list argument (`for x in xs`): the list is passed packed (jit.pytree.Packed),
+so its loop rerolls and one compiled specialization serves lists of every length.
+
+Oracles: eager hybridnet (results, parameter gradients, the list and its items after the
+call), object identity where eager returns an item, and the twin-state suite
+(tests/test_state_twins.py, "list/..." scenarios).
+"""
+
+import numpy as np
+import pytest
+
+import hybridnet as hn
+import hybridnet.nn as nn
+import hybridnet.nn.functional as F
+
+CELLS = {"rnn": nn.RNNCell, "lstm": nn.LSTMCell, "gru": nn.GRUCell}
+
+
+def _cell(kind):
+    hn.manual_seed(0)
+    return CELLS[kind](4, 5)
+
+
+def _over_list(cell, xs):
+    h = c = hn.zeros(3, 5)
+    for x in xs:
+        if isinstance(cell, nn.LSTMCell):
+            h, c = cell(x, (h, c))
+        else:
+            h = cell(x, h)
+    return h
+
+
+def _numba_compiles(traced) -> int:
+    """How many kernels (forwards and backwards) Numba compiled for `traced`."""
+    kernels = set()
+    for entry in traced.specializations.values():
+        for trace in entry.traces:
+            res = trace.result
+            for k in (res.kernel, res.backward.kernel if res.backward else None):
+                if k is not None and k.compiled:
+                    kernels.add(id(k))
+    return len(kernels)
+
+
+def _items(rng, steps):
+    return [hn.tensor(rng.standard_normal((3, 4)).astype(np.float32)) for _ in range(steps)]
+
+
+def _grads(module):
+    return [p.grad.numpy().copy() for p in module.parameters()]
+
+
+@pytest.mark.parametrize("kind", sorted(CELLS))
+def test_a_cell_over_a_list_trains_as_eagerly_for_lengths_1_to_40_with_one_compile(kind):
+    cell = _cell(kind)
+
+    def loss_of(xs, target):
+        return F.mse_loss(_over_list(cell, xs), target)
+
+    traced = hn.trace(loss_of)
+    rng = np.random.default_rng(0)
+    lengths = list(range(1, 41)) + [100, 2, 57]  # (ascending: the hardest order)
+    for steps in lengths:
+        xs = _items(rng, steps)
+        target = hn.tensor(rng.standard_normal((3, 5)).astype(np.float32))
+        cell.zero_grad()
+        got = traced(xs, target)
+        got.backward()
+        got_grads = _grads(cell)
+        cell.zero_grad()
+        want = loss_of(xs, target)
+        want.backward()
+        np.testing.assert_allclose(got.item(), want.item(), rtol=1e-5, atol=1e-6)
+        for a, b in zip(got_grads, _grads(cell)):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    stats = traced.stats
+    # one forward and one backward kernel compiled; shorter lists before the lengths
+    # generalized were traced (and run eagerly), never compiled
+    assert _numba_compiles(traced) == 2, stats
+    assert any(e["kind"] == "generalize" for e in stats.events), stats.events
+    assert stats.compiled_calls >= len(lengths) - 12, stats
+
+
+def test_inference_over_lists_in_random_order_compiles_once():
+    cell = _cell("gru")
+    traced = hn.trace(lambda xs: _over_list(cell, xs))
+    rng = np.random.default_rng(1)
+    lengths = [int(n) for n in rng.integers(8, 65, size=30)]
+    with hn.no_grad():
+        for steps in lengths:
+            xs = _items(rng, steps)
+            np.testing.assert_allclose(traced(xs).numpy(), _over_list(cell, xs).numpy(),
+                                       rtol=1e-5, atol=1e-6)
+    assert _numba_compiles(traced) == 1 and len(traced.specializations) == 1, traced.stats
+    assert traced.stats.compiled_calls >= len(lengths) - 2
+
+
+def test_explain_names_the_list_argument_and_its_symbolic_length():
+    cell = _cell("rnn")
+    traced = hn.trace(lambda xs: _over_list(cell, xs))
+    rng = np.random.default_rng(2)
+    with hn.no_grad():
+        for steps in (12, 15, 15):
+            traced(_items(rng, steps))
+        text = str(hn.explain(traced, _items(rng, 20)))
+    assert "list of * float32[3, 4]" in text, text
+    assert "loop" in text
+
+
+def test_dynamic_false_traces_each_list_length_item_by_item():
+    cell = _cell("rnn")
+    traced = hn.trace(lambda xs: _over_list(cell, xs), dynamic=False)
+    rng = np.random.default_rng(3)
+    with hn.no_grad():
+        for steps in (9, 12, 9, 12):
+            xs = _items(rng, steps)
+            np.testing.assert_allclose(traced(xs).numpy(), _over_list(cell, xs).numpy(),
+                                       rtol=1e-5, atol=1e-6)
+    assert len(traced.specializations) == 2
+    assert not any(e["kind"] == "generalize" for e in traced.stats.events)
+
+
+def _value(v):
+    return v.numpy() if isinstance(v, hn.Tensor) else np.asarray(v)
+
+
+def test_a_list_whose_items_differ_is_not_packed_and_runs_correctly():
+    def f(xs):
+        return sum((x.sum() if isinstance(x, hn.Tensor) else x) for x in xs)
+
+    traced = hn.trace(f)
+    for xs in ([hn.ones(2), hn.ones(3)], [hn.ones(2), hn.ones(2, dtype=hn.float64)],
+               [hn.ones(2), 3.0], [], [hn.ones(2)], [hn.ones(2), hn.ones(3)]):
+        np.testing.assert_allclose(_value(traced(xs)), _value(f(xs)))
+
+
+def test_a_guard_sends_a_list_with_another_item_shape_elsewhere():
+    traced = hn.trace(lambda xs: sum(x * 2 for x in xs))
+    rng = np.random.default_rng(4)
+    for shape in [(3,), (3,), (3,), (4,), (4,), (3,), (2, 3)]:
+        xs = [hn.tensor(rng.standard_normal(shape)) for _ in range(4)]
+        np.testing.assert_allclose(traced(xs).numpy(), sum(x.numpy() * 2 for x in xs))
+
+
+def test_a_list_in_a_dict_argument_is_packed_too():
+    cell = _cell("rnn")
+
+    def f(batch):
+        return _over_list(cell, batch["xs"]) * batch["scale"]
+
+    traced = hn.trace(f)
+    rng = np.random.default_rng(5)
+    with hn.no_grad():
+        for steps in (10, 14, 10, 23):
+            batch = {"xs": _items(rng, steps), "scale": 2.0}
+            np.testing.assert_allclose(traced(batch).numpy(), f(batch).numpy(), rtol=1e-5,
+                                       atol=1e-6)
+    assert traced.stats.compiled_calls >= 2
+
+
+def test_an_item_updated_in_place_is_updated_as_eagerly():
+    def f(xs):
+        xs[0].add_(1.0)
+        return xs[0] * xs[1]
+
+    traced = hn.trace(f)
+    for _ in range(4):
+        xs = [hn.ones(3), hn.full((3,), 2.0), hn.ones(3)]
+        twin = [x.clone() for x in xs]
+        np.testing.assert_allclose(traced(xs).numpy(), f(twin).numpy())
+        for a, b in zip(xs, twin):
+            np.testing.assert_allclose(a.numpy(), b.numpy())
+    assert any("item by item" in e["detail"] for e in traced.stats.events)
+    assert traced.stats.compiled_calls >= 1  # (traced item by item, then compiled)
+
+
+def test_an_item_returned_is_the_callers_very_object():
+    def f(xs):
+        return xs[-1], xs[0] + xs[1]
+
+    traced = hn.trace(f)
+    for _ in range(4):
+        xs = [hn.randn(2) for _ in range(3)]
+        last, total = traced(xs)
+        assert last is xs[-1]
+        np.testing.assert_allclose(total.numpy(), (xs[0] + xs[1]).numpy())
+
+
+def test_an_item_changed_after_the_call_makes_backward_raise_as_eagerly():
+    cell = _cell("rnn")
+    traced = hn.trace(lambda xs: _over_list(cell, xs).sum())
+
+    def run(fn):
+        xs = [hn.randn(3, 4) for _ in range(9)]
+        out = fn(xs)
+        xs[4].mul_(2.0)
+        out.backward()
+
+    for fn in (traced, traced, traced):
+        with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+            run(fn)
+    with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+        run(traced.fn)
+    assert traced.stats.compiled_calls >= 1
+
+
+def test_a_list_that_grows_between_calls_is_read_afresh():
+    cell = _cell("lstm")
+    traced = hn.trace(lambda xs: _over_list(cell, xs))
+    rng = np.random.default_rng(6)
+    xs = _items(rng, 8)
+    with hn.no_grad():
+        for _ in range(6):
+            xs.append(hn.tensor(rng.standard_normal((3, 4)).astype(np.float32)))
+            xs[2].mul_(0.5)
+            np.testing.assert_allclose(traced(xs).numpy(), _over_list(cell, xs).numpy(),
+                                       rtol=1e-5, atol=1e-6)
+    assert traced.stats.compiled_calls >= 3
