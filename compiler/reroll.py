@@ -494,7 +494,7 @@ def _body(r, collected) -> tuple:
     inputs = carried + [inv_nodes[id(v)] for v in invariants] + seqs
     outputs = [clones[j2] for j2, _ in r.carried] + [clones[j] for j in collected]
     nodes = inputs + list(consts.values()) + [c for c in clones if c.op != "input"]
-    body, _ = optimize(Graph(nodes, inputs, outputs))
+    body, _ = optimize(reroll(Graph(nodes, inputs, outputs))[0])  # (nested repetitions)
     return body, invariants
 
 

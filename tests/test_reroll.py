@@ -453,3 +453,29 @@ def test_rnn_modules_compile_once_for_every_length(cls, layers):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
     assert len(traced.specializations) == 1 and traced.stats.compiled_calls >= 3, \
         traced.stats
+
+
+def test_a_loop_nested_in_a_loop_rerolls_at_both_levels_and_generalizes_both_lengths():
+    cell = _cell("rnn", 4, 6)
+
+    def f(chunks):  # (chunks, steps, batch, features)
+        h = hn.zeros(3, 6)
+        for e in range(chunks.shape[0]):
+            for t in range(chunks.shape[1]):
+                h = cell(chunks[e, t], h)
+            h = h * 0.5
+        return h
+
+    traced = hn.trace(f)
+    rng = np.random.default_rng(7)
+    sizes = [(4, 9), (4, 9), (5, 12), (5, 12), (6, 15), (3, 20), (7, 11), (4, 9)]
+    with hn.no_grad():
+        for e, t in sizes:
+            xs = hn.tensor(rng.standard_normal((e, t, 3, 4)).astype(np.float32))
+            np.testing.assert_allclose(traced(xs).numpy(), f(xs).numpy(), rtol=1e-5,
+                                       atol=1e-6)
+    entry = next(e for e in traced.specializations.values() if e.symbolic)
+    assert entry.symbolic == {(0, 0), (0, 1)}, entry.symbolic
+    outer = _loops(entry.traces[0].result.optimized)
+    assert len(outer) == 1 and len(_loops(outer[0].attrs["spec"].body)) == 1
+    assert traced.stats.compiled_calls >= len(sizes) - 3, traced.stats

@@ -21,29 +21,49 @@ from compiler.loop import is_loop
 
 
 def loop_trips(graph) -> tuple:
-    """The trip count of each loop of `graph` whose trip count comes from sizes."""
+    """The trip count of each loop of `graph` (and of the loops nested in their bodies)
+    whose trip count comes from sizes."""
     trips = []
     for node in graph.nodes:
         spec = node.attrs.get("spec") if is_loop(node) else None
-        if spec is not None and spec.seqs:
+        if spec is None:
+            continue
+        if spec.seqs:
             trips.append(spec.trip_of(spec.seq_bases([i.shape for i in node.inputs])))
+        trips.extend(loop_trips(spec.body))
     return tuple(trips)
 
 
 def loop_dims(tg, graph) -> frozenset:
     """(flat argument index, dim) of every argument a loop of `graph` (a compiled forward,
-    its inputs those of `tg.graph`) slices its steps from."""
+    its inputs those of `tg.graph`) slices its steps from, also through the bodies of
+    loops it is nested in (a body's sequence and invariant inputs keep their base's dims:
+    a step of a sequence is a slice, not a reshape)."""
     position = {id(n): i for i, n in enumerate(graph.inputs)}
+    args = {id(n): tg.sources[i].index for n, i in
+            ((graph.inputs[i], i) for i in position.values()) if tg.sources[i].kind == "arg"}
+    return frozenset(_sliced_args(graph, args))
+
+
+def _sliced_args(graph, args) -> set:
+    """(argument, dim) pairs sliced by the loops of `graph`, whose nodes `args` maps
+    (by id) to the argument they are, dims kept."""
     found = set()
     for node in graph.nodes:
         spec = node.attrs.get("spec") if is_loop(node) else None
         if spec is None:
             continue
         for seq, base in zip(spec.seqs, spec.seq_bases(node.inputs)):
-            i = position.get(id(base))
-            if i is not None and tg.sources[i].kind == "arg":
-                found.add((tg.sources[i].index, seq.dim))
-    return frozenset(found)
+            if id(base) in args:
+                found.add((args[id(base)], seq.dim))
+        inner = {}
+        body_inputs = spec.body.inputs
+        for k, outer in enumerate(node.inputs):
+            if k >= spec.n_carried and id(outer) in args:
+                inner[id(body_inputs[k])] = args[id(outer)]
+        if inner:
+            found |= _sliced_args(spec.body, inner)
+    return found
 
 
 def trip_dims(known, key, dims, known_result, result) -> bool:
