@@ -263,6 +263,7 @@ def describe(graph) -> list:
                      f"{len(spec.picks)}")
         lines.append("  body:")
         lines.extend("    " + ln for ln in str(spec.body).splitlines())
+        lines.extend("    " + ln for ln in describe(spec.body))  # (nested loops)
     return lines
 
 
