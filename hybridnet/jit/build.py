@@ -17,7 +17,7 @@ from compiler.ir import Graph, Node
 from ..autograd import no_grad
 from ..dispatch import node_of
 from ..tensor import Tensor
-from .reads import entry_checks
+from .reads import Check, entry_checks
 
 
 class Untraceable(Exception):
@@ -293,7 +293,8 @@ def _build(recorder, flat_args, arg_nodes, result_leaves, pinned):
     return TraceGraph(graph, b.sources, outputs, guards, writebacks, n_results,
                       fresh=fresh, readonly=[not t._data.flags.writeable for t in result_leaves],
                       versions=[t._version for t in result_leaves],
-                      checks=entry_checks(recorder, b.tensor_ref, b.grad_of),
+                      checks=entry_checks(recorder, b.tensor_ref, b.grad_of) +
+                      _identity_checks(b),
                       grad_writes=grad_writes,
                       version_bumps=b.version_bumps,
                       spent=[_spent(t) if o[0] == "out" and k not in grad_results else None
@@ -301,6 +302,24 @@ def _build(recorder, flat_args, arg_nodes, result_leaves, pinned):
                       grad_results=grad_results,
                       grad_inputs=[i for i, s in enumerate(b.sources) if s.rg]
                       if grad_results else [], blocked=frozenset(b.blocked))
+
+
+def _identity_checks(b) -> list:
+    """An argument (or a packed list's item) that is also a tensor the function reaches by
+    name (a closure, global or module tensor the key pins) was read as the argument: the
+    trace holds only while it still is that tensor."""
+    checks = []
+    for i, t in enumerate(b.flat):
+        for k, item in enumerate(getattr(t, "items", (t,))):
+            if id(item) not in b.pinned:
+                continue
+            ref, packed = weakref.ref(item), hasattr(t, "items")
+            checks.append(Check(
+                lambda flat, i=i, k=k, ref=ref, packed=packed:
+                    (flat[i].items[k] if packed else flat[i]) is ref(),
+                f"tensor argument {i}{f' item {k}' if packed else ''} is the tensor the "
+                "function also reaches by name"))
+    return checks
 
 
 def _spent(t):

@@ -43,6 +43,7 @@ class _Writer:
         self.modules = set()  # ids of the modules already checked
         self.symbolic = {}  # flat index -> the dims whose sizes are symbolic
         self.packs = False  # lists of tensors alike are one Packed leaf (pytree.pack)
+        self.packed = False  # some list was
 
     def const(self, value, prefix="K") -> str:
         name = f"{prefix}{len(self.ns)}"
@@ -109,6 +110,7 @@ def _packed(w, var, obj):
                     f"{w.const(d.dtype, 'D')}, {free})")
     w.fail_unless(f"{packed} is not None")
     w.flat.append(packed)
+    w.packed = True
 
 
 def _module(w, module):
@@ -204,7 +206,7 @@ def make_guard(args, kwargs, key, fn=None, module=None, same=None, bound=None,
     else:
         w.fail_unless("not kwargs")
     w.fail_unless(f"STATE.grad is {STATE.grad}")
-    if same is None and len(w.flat) > 1:
+    if same is None and len(w.flat) > 1 and not w.packed:
         w.fail_unless(f"len({{{', '.join(f'id({v})' for v in w.flat)}}}) == {len(w.flat)}")
     if module is not None:
         _module(w, module)
@@ -214,7 +216,7 @@ def make_guard(args, kwargs, key, fn=None, module=None, same=None, bound=None,
     if bound is not None:  # the `self` of a traced bound method
         w.fail_unless(f"SK({w.const(bound, 'S')}, ()) == {w.const(env_value_key(bound, ()))}")
     w.lines.append(f"    flat = [{', '.join(w.flat)}]")
-    if same is not None:
+    if same is not None or w.packed:  # (a packed list's items count one by one)
         w.ns.update(SAME=same_tensors, EXPECTED_SAME=same)
         w.fail_unless("SAME(flat) == EXPECTED_SAME")
     body = "\n".join(w.lines)

@@ -19,13 +19,14 @@ import numpy as np
 from ..nn.module import STRUCTURE_VERSION, Module
 from ..optim.optimizer import Optimizer
 from ..tensor import Tensor
-from .pytree import Unsupported, flatten
+from .pytree import Unsupported, flatten, tensors_of
 from .reads import value_key
 
 
 def same_tensors(flat):
-    """None when every tensor argument is a distinct object, else which repeat which (a
-    trace reads a tensor passed twice from one input)."""
+    """None when every tensor argument (a packed list's items included) is a distinct
+    object, else which repeat which (a trace reads a tensor passed twice from one input)."""
+    flat = tensors_of(flat)
     if len(flat) < 2 or len({id(t) for t in flat}) == len(flat):
         return None
     first = {}
@@ -323,7 +324,7 @@ def describe_meta(m) -> str:
     """One tensor input of a key as text: 'float32[3, 4] requires_grad'."""
     shape, dtype, rg = m[:3]
     dims = ["*" if s is None else str(s) for s in shape]  # (*: any size, dynamic.py)
-    if len(m) > 3 and getattr(m[3], "__name__", "") == "Packed":  # (pytree.Packed)
+    if len(m) > 3 and isinstance(m[3], tuple) and m[3][0] == "list":  # (pytree.Packed)
         return f"list of {dims[0]} {dtype}[{', '.join(dims[1:])}]"
     return f"{dtype}[{', '.join(dims)}]{' requires_grad' if rg else ''}"
 

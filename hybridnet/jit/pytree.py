@@ -26,7 +26,7 @@ class Packed:
     _rg = False
 
     def __init__(self, items):
-        self.items = items
+        self.items = tuple(items)  # (a snapshot: the caller may change the list later)
         self._stacked = None
 
     @property
@@ -39,6 +39,11 @@ class Packed:
     @property
     def shape(self) -> tuple:
         return (len(self.items),) + self.items[0]._data.shape
+
+    @property
+    def meta_class(self) -> tuple:
+        """What a key records as its class: a list, and its items' class."""
+        return ("list", self.items[0].__class__)
 
     @property
     def _vc(self):
@@ -55,6 +60,17 @@ class _SummedVersion:
 
     def __getitem__(self, i):
         return sum(version_counter(t)[0] for t in self.items)
+
+
+def tensors_of(flat) -> list:
+    """The tensors of a flat argument list, a Packed list's items in its place."""
+    out = []
+    for t in flat:
+        if isinstance(t, Packed):
+            out.extend(t.items)
+        else:
+            out.append(t)
+    return out
 
 
 def pack(obj, n=None, cls=None, shape=None, dtype=None, free=()):

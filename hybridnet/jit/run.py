@@ -16,7 +16,7 @@ from runtime.executor import ALIASED, SIDE_EXIT, STALE, Outcome
 from ..dispatch import TapeNode
 from ..tensor import make, share_version, version_counter, wrap
 from .call_node import CallRecord
-from .pytree import unflatten
+from .pytree import Packed, unflatten
 
 _NUMBER = (int, float)
 
@@ -100,7 +100,8 @@ class Trace:
         arrays = self.gather(flat)
         if arrays is None:
             return STALE
-        if self._targets and _overlaps(arrays, self._targets):
+        if self._targets and (_overlaps(arrays, self._targets) or
+                              _overlaps_items(arrays, self._targets, flat)):
             return ALIASED
         exe, kernel = self.result.executable, self.result.kernel
         first = not kernel.compiled
@@ -207,6 +208,14 @@ def _source_array(src, flat):
             t._rg is not src.rg:
         return None
     return t._data
+
+
+def _overlaps_items(arrays, targets, flat) -> bool:
+    """Does an array updated in place share memory with an item of a packed list (whose
+    stacked copy is what the kernel reads)?"""
+    items = [t._data for p in flat if isinstance(p, Packed) for t in p.items]
+    return bool(items) and any(np.may_share_memory(arrays[i], a)
+                               for i in targets for a in items)
 
 
 def _overlaps(arrays, targets) -> bool:

@@ -68,6 +68,7 @@ class Specialization:
         self.version = None  # its STRUCTURE_VERSION cell
         self.pending = None  # (guard, cell) made before the first recording
         self.symbolic = frozenset()  # (flat index, dim) sizes it serves any value of
+        self.packs = False  # its key's lists of tensors alike are packed (pytree.Packed)
 
 
 class TracedFunction:
@@ -119,8 +120,8 @@ class TracedFunction:
 
     def _key(self, flat, spec):
         self._refresh_env()
-        metas = tuple((t.shape if isinstance(t, Packed) else t._data.shape, t._data.dtype,
-                       t._rg, t.__class__) for t in flat)
+        metas = tuple((t.shape, t._data.dtype, False, t.meta_class) if isinstance(t, Packed)
+                      else (t._data.shape, t._data.dtype, t._rg, t.__class__) for t in flat)
         symbolic = self._symbolic.get(spec) if self._symbolic else None
         if symbolic:
             metas = mask_metas(metas, symbolic)
@@ -176,7 +177,7 @@ class TracedFunction:
             self.stats.event("fallback", reason)
         return self.fn(*args, **kwargs)
 
-    def _miss(self, key, flat, args, kwargs):
+    def _miss(self, key, flat, args, kwargs, packs=None):
         stats = self.stats
         stats.misses += 1
         why = self._difference(key)
@@ -188,6 +189,7 @@ class TracedFunction:
             return self._eager(args, kwargs, f"cache_limit={self.cache_limit} reached "
                                f"(this call differs in {why})")
         entry = Specialization(key)
+        entry.packs = self._packs if packs is None else packs  # (as `flat` was made)
         self.specializations.put(key, entry)
         kind = "recompile" if len(self.specializations) > 1 else "compile"
         stats.event(kind, f"new specialization: {why}")
@@ -209,7 +211,7 @@ class TracedFunction:
             # change what it reads)
             entry.pending = make_guard(
                 args, kwargs, entry.key, fn=self._env_fn if self._has_env else None,
-                module=self.module, same=entry.key[3], bound=self._self, packs=self._packs)
+                module=self.module, same=entry.key[3], bound=self._self, packs=entry.packs)
         result, tg_or_exc = self._record(flat, args, kwargs, entry.key)
         if isinstance(tg_or_exc, Exception):
             reason = str(tg_or_exc)
@@ -238,11 +240,16 @@ class TracedFunction:
     def _record(self, flat, args, kwargs, key=()):
         start = time.perf_counter()
         self.stats.traces += 1
+        containers = _containers((args, kwargs))
         with TraceRecorder() as rec:
             arg_nodes = [[node_of(x) for x in t.items] if isinstance(t, Packed) else node_of(t)
                          for t in flat]
             result = self.fn(*args, **kwargs)
             try:
+                if any(_contents(c) != seen for c, seen in containers):
+                    raise Untraceable("the call changes a list or dict argument (append, pop, "
+                                      "xs[i] = ...); compiled calls would not, so it runs "
+                                      "eagerly")
                 leaves, spec = flatten(result)
                 tg = build(rec, flat, arg_nodes, leaves, pinned=_ints_in(key))
                 tg.result_spec = spec
@@ -297,7 +304,7 @@ class TracedFunction:
             other.guard, other.version = make_guard(
                 args, kwargs, other.key, fn=self._env_fn if self._has_env else None,
                 module=self.module, same=other.key[3], bound=self._self, symbolic=symbolic,
-                packs=self._packs)
+                packs=other.packs)
             self.specializations.put(other.key, other)
             self._promote(other)
             self.stats.event("generalize", "loop trip counts made symbolic (sizes "
@@ -355,7 +362,7 @@ class TracedFunction:
             self.specializations.put(entry.key, entry)
             return self._eager(args, kwargs, entry.fallback)
         self.stats.event("stale", why)
-        return self._miss(entry.key, list(flat), args, kwargs)
+        return self._miss(entry.key, list(flat), args, kwargs, packs=entry.packs)
 
     # -- inspection ---------------------------------------------------------------------
 
@@ -428,6 +435,23 @@ class TracedModule(TracedFunction):
 
     def __repr__(self) -> str:
         return f"hn.trace({self.module!r})"
+
+
+def _containers(obj, found=None) -> list:
+    """(container, its contents by identity) for every list and dict inside `obj` (the
+    arguments), to tell whether the call changed one."""
+    found = [] if found is None else found
+    if type(obj) in (list, dict) or isinstance(obj, tuple):
+        if not isinstance(obj, tuple):
+            found.append((obj, _contents(obj)))
+        for item in (obj.values() if isinstance(obj, dict) else obj):
+            _containers(item, found)
+    return found
+
+
+def _contents(c) -> tuple:
+    items = c.items() if isinstance(c, dict) else enumerate(c)
+    return tuple((k, id(v)) for k, v in items)
 
 
 def _describe_exit(entry) -> str:
