@@ -25,7 +25,12 @@ def _static(em):
 
 def _reshape(em, node, x):
     _static(em)
-    em.emit(f"{em.ctx.var(node)} = np.ascontiguousarray({x}).reshape({_tuple(_pad(node.shape))})")
+    shape = list(_pad(node.shape))
+    if len(shape) > 1 and all(shape[1:]):
+        # (the leading size from the element count: the same code serves another length
+        # of a leading dim, e.g. the steps of a loop's sequence, jit/dynamic.py)
+        shape[0] = -1
+    em.emit(f"{em.ctx.var(node)} = np.ascontiguousarray({x}).reshape({_tuple(shape)})")
 
 
 def _permute(em, node, x):
