@@ -75,12 +75,6 @@ class OpDef:
     window: str = None
     joins: bool = False
     sums: bool = False
-    # What hoisting per-step work out of loops asks (compiler.loop_hoist): `stacked(attrs,
-    # n)` -> the attrs that apply the op to n operands stacked along a new leading dim
-    # (movement ops: their dims shift); `row_wise`: op(a, b) with b 2-D maps a's rows
-    # (every dim but the last) independently (matmul), so it can run on a's rows stacked
-    stacked: Callable = None
-    row_wise: bool = False
 
     @property
     def differentiable(self) -> bool:

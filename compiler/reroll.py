@@ -25,7 +25,6 @@ from collections import Counter
 
 from .ir import Graph, Node
 from .loop import Collect, LoopSpec, SeqIn, is_projection
-from .loop_hoist import hoist_maps
 from .passes.cse import attr_key
 from .passes.dce import DeadCodeElimination
 from .passes.manager import optimize
@@ -46,11 +45,9 @@ MAX_PERIODS = 8  # candidate periods tried per region search
 MAX_LOOPS = 8  # loops made per graph
 
 
-def reroll(graph: Graph, hoist=True) -> tuple:
+def reroll(graph: Graph) -> tuple:
     """A copy of `graph` with its repeated regions as loop nodes; returns (graph, loops),
-    `loops` the number of loop nodes made (0: the copy computes as `graph` does).
-    `hoist`: per-step maps of the sequences are computed before the loops
-    (compiler.loop_hoist)."""
+    `loops` the number of loop nodes made (0: the copy computes as `graph` does)."""
     g = graph.clone()
     merge_copies(g)
     g, _ = DeadCodeElimination().run(g)
@@ -65,8 +62,6 @@ def reroll(graph: Graph, hoist=True) -> tuple:
         made += 1
     if made:
         pick_single_steps(g)
-        if hoist:
-            hoist_maps(g)
     return g, made
 
 

@@ -47,6 +47,32 @@ def test_a_kernel_is_large_when_large_products_dominate():
     assert not blas.kernel_is_large([])
 
 
+def test_a_loop_bodys_products_count_once_per_step():
+    """Regression: a kernel's products were counted outside its loops only, so one large
+    product beside a rerolled loop of small ones gave the whole kernel BLAS's threads
+    (the loop's small products then ran 2-threaded)."""
+    from compiler.lowering.node_rules import large_product
+    from compiler.reroll import reroll
+
+    w, u = hn.randn(128, 128), hn.randn(128, 128)
+
+    def f(x, xs):
+        y = x @ w  # one large product: 2048*128*128 multiply-adds
+        h = hn.zeros(32, 128)
+        for t in range(xs.shape[0]):  # 64 small ones of 32*128*128: as much work
+            h = (xs[t] @ u + h @ u).tanh()
+        return y.sum() + h
+
+    traced = hn.trace(f)
+    with hn.no_grad():
+        traced(hn.randn(2048, 128), hn.randn(64, 32, 128))
+    graph = next(iter(traced.specializations.values())).traces[0].tg.graph
+    rolled, made = reroll(graph)
+    assert made == 1
+    assert large_product(graph) is False  # unrolled: every product is seen
+    assert large_product(rolled) is False  # rolled: the body's, once per step
+
+
 @pytest.fixture
 def spy(monkeypatch):
     """Threads seen inside each threaded call."""

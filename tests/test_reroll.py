@@ -81,12 +81,8 @@ def test_a_cell_looped_over_a_time_dim_becomes_one_loop(kind, steps):
     assert made == 1 and len(_loops(graph)) == 1
     spec = _loops(graph)[0].attrs["spec"]
     assert spec.seqs and spec.seqs[0].dim == 0
-    # every step is in the loop: what is left outside is the weights' transposes and the
-    # steps' input projection, hoisted before the loop as one product (compiler.loop_hoist)
-    at = graph.nodes.index(_loops(graph)[0])
-    before = [n.op for n in _outside(graph) if graph.nodes.index(n) < at]
-    assert all(graph.nodes.index(n) < at for n in _outside(graph))
-    assert set(before) <= {"permute", "reshape", "matmul", "add"} and "matmul" in before, before
+    # every step is in the loop: what is left outside is the weights' transposes
+    assert all(n.op == "permute" for n in _outside(graph)), [n.op for n in _outside(graph)]
     arrays = _arrays(tg, [xs])
     for a, b in zip(tg.graph.run(*arrays), graph.run(*arrays)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
@@ -97,7 +93,7 @@ def test_the_loop_node_runs_lengths_it_was_not_traced_with():
     xs6 = hn.randn(6, 3, 4)
     with hn.no_grad():
         tg = _recorded(lambda x: _forward(cell, x, collect=True), xs6)
-    graph, _ = reroll(tg.graph, hoist=False)  # (the input projection stays in the loop)
+    graph, _ = reroll(tg.graph)
     loop = _loops(graph)[0]
     spec = loop.attrs["spec"]
     before = graph.nodes[:graph.nodes.index(loop)]
@@ -483,50 +479,3 @@ def test_a_loop_nested_in_a_loop_rerolls_at_both_levels_and_generalizes_both_len
     outer = _loops(entry.traces[0].result.optimized)
     assert len(outer) == 1 and len(_loops(outer[0].attrs["spec"].body)) == 1
     assert traced.stats.compiled_calls >= len(sizes) - 3, traced.stats
-
-
-# ---- per-step maps hoisted out of loops (compiler.loop_hoist) --------------------------------
-
-
-def _products(graph):
-    return [n for n in graph.nodes if n.op == "matmul"]
-
-
-@pytest.mark.parametrize("kind", sorted(CELLS))
-def test_the_input_projection_is_one_product_before_the_loop(kind):
-    cell = _cell(kind)
-    xs = hn.randn(12, 3, 4)
-    with hn.no_grad():
-        tg = _recorded(lambda x: _forward(cell, x, collect=True), xs)
-    graph, _ = reroll(tg.graph)
-    loop = _loops(graph)[0]
-    at = graph.nodes.index(loop)
-    hoisted = [n for n in _products(graph) if graph.nodes.index(n) < at]
-    assert len(hoisted) == 1 and hoisted[0].shape[0] == 12 * 3, hoisted  # all rows at once
-    body = loop.attrs["spec"].body
-    assert len(_products(body)) == 1  # only the recurrent product h @ W_hh stays per step
-    arrays = _arrays(tg, [xs])
-    for a, b in zip(tg.graph.run(*arrays), graph.run(*arrays)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-
-
-def test_elementwise_maps_and_products_on_the_right_stay_in_the_loop():
-    w = hn.randn(5, 3)
-
-    def f(xs):
-        h = hn.zeros(5, 4)
-        for t in range(xs.shape[0]):
-            h = (h * 0.9 + xs[t] * 2.0).tanh()  # (elementwise only: nothing to gain)
-            h = h + w @ (xs[t] * 0.5)[:3]  # (the step's value on the right of a product)
-        return h
-
-    xs = hn.randn(10, 5, 4)
-    with hn.no_grad():
-        tg = _recorded(f, xs)
-    graph, made = reroll(tg.graph)
-    assert made == 1
-    at = graph.nodes.index(_loops(graph)[0])
-    assert not [n for n in _products(graph) if graph.nodes.index(n) < at]
-    arrays = _arrays(tg, [xs])
-    for a, b in zip(tg.graph.run(*arrays), graph.run(*arrays)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -9,6 +9,7 @@ import numpy as np
 from .. import blas
 from ..errors import LoweringError
 from ..ir import pad_shape as _pad
+from ..loop import is_loop
 from ..registry import REGISTRY
 from .loop_rule import emit_loop, emit_loop_out
 from .rules import is_reduction
@@ -111,6 +112,15 @@ def _matmul(em, node, a, b):
         em.emit(f"{v}_a, {v}_b = {a}, {b}")
         em.emit(f"{v} = np.zeros(({v}_a.shape[0], {v}_b.shape[1]), {dt})")
         _int_dot(em, f"{v}_a", f"{v}_b", v)
+        return
+    if kind == "f" and len(node.inputs[1].shape) == 2:
+        # (batch, ..., k) @ (k, n): one product over all the rows, no copies of b per
+        # item, and no size named (so the code serves other batch sizes and lengths)
+        em.ctx.uses_blas = True
+        em.emit(f"{v}_a = np.ascontiguousarray({a})")
+        em.emit(f"{v}_p = np.dot({v}_a.reshape((-1, {v}_a.shape[-1])), "
+                f"{_blas_operand(em, node.inputs[1], b)})")
+        em.emit(f"{v} = {v}_p.reshape({v}_a.shape[:-1] + ({v}_p.shape[1],))")
         return
     _static(em)
     batch = node.shape[:-2]
@@ -257,9 +267,29 @@ BLAS_THREADED = "# BLAS: its threads (most multiply-adds in products >= compiler
 
 
 def large_product(graph) -> bool:
-    """Should the graph's kernel run with BLAS's threads (`compiler.blas.kernel_is_large`)?"""
-    return blas.kernel_is_large([(n.inputs[0].shape, n.inputs[1].shape) for n in graph.nodes
-                                 if n.op in _PRODUCTS and n.dtype.kind == "f"])
+    """Should the graph's kernel run with BLAS's threads (`compiler.blas.kernel_is_large`)?
+    A loop body's products count once per step (the trip count traced): beside a loop of
+    many small products, one large product outside it is not most of the work."""
+    return blas.kernel_is_large(_products(graph))
+
+
+def _products(graph) -> list:
+    """(a_shape, b_shape) of each BLAS call the graph's kernel makes (a batched product
+    with a 2-D right operand is one call over all its rows, `_matmul`)."""
+    found = [_one_call(n.inputs[0].shape, n.inputs[1].shape) for n in graph.nodes
+             if n.op in _PRODUCTS and n.dtype.kind == "f"]
+    for n in graph.nodes:
+        spec = n.attrs.get("spec") if is_loop(n) else None
+        if spec is not None:
+            trip = spec.trip_of(spec.seq_bases([i.shape for i in n.inputs]))
+            found += _products(spec.body) * trip
+    return found
+
+
+def _one_call(a, b) -> tuple:
+    if len(a) > 2 and len(b) == 2:
+        return (int(np.prod(a[:-1])), a[-1]), tuple(b)
+    return tuple(a), tuple(b)
 
 
 def defined_by_producer(node) -> bool:
