@@ -479,3 +479,28 @@ def test_a_loop_nested_in_a_loop_rerolls_at_both_levels_and_generalizes_both_len
     outer = _loops(entry.traces[0].result.optimized)
     assert len(outer) == 1 and len(_loops(outer[0].attrs["spec"].body)) == 1
     assert traced.stats.compiled_calls >= len(sizes) - 3, traced.stats
+
+
+def test_a_linear_over_the_stacked_outputs_generalizes_across_lengths():
+    """A batched product with a 2-D weight (a Linear on the (steps, batch, hidden) outputs)
+    is one GEMM naming no size, so the code is the same for every length."""
+    cell = _cell("gru", 4, 6)
+    hn.manual_seed(1)
+    decoder = nn.Linear(6, 3)
+
+    def f(xs):
+        h, outs = hn.zeros(3, 6), []
+        for t in range(xs.shape[0]):
+            h = cell(xs[t], h)
+            outs.append(h)
+        return decoder(hn.stack(outs)).reshape(-1, 3).sum(1)
+
+    traced = hn.trace(f)
+    rng = np.random.default_rng(8)
+    with hn.no_grad():
+        for steps in (9, 12, 15, 20, 9, 31):
+            xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
+            np.testing.assert_allclose(traced(xs).numpy(), f(xs).numpy(), rtol=1e-5,
+                                       atol=1e-6)
+    assert any(e["kind"] == "generalize" for e in traced.stats.events), traced.stats.events
+    assert traced.stats.compiled_calls >= 4, traced.stats
