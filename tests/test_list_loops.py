@@ -8,6 +8,7 @@ call), object identity where eager returns an item, and the twin-state suite
 
 import numpy as np
 import pytest
+from trace_helpers import same_loss_and_grads
 
 import hybridnet as hn
 import hybridnet.nn as nn
@@ -47,10 +48,6 @@ def _items(rng, steps):
     return [hn.tensor(rng.standard_normal((3, 4)).astype(np.float32)) for _ in range(steps)]
 
 
-def _grads(module):
-    return [p.grad.numpy().copy() for p in module.parameters()]
-
-
 @pytest.mark.parametrize("kind", sorted(CELLS))
 def test_a_cell_over_a_list_trains_as_eagerly_for_lengths_1_to_40_with_one_compile(kind):
     cell = _cell(kind)
@@ -64,16 +61,7 @@ def test_a_cell_over_a_list_trains_as_eagerly_for_lengths_1_to_40_with_one_compi
     for steps in lengths:
         xs = _items(rng, steps)
         target = hn.tensor(rng.standard_normal((3, 5)).astype(np.float32))
-        cell.zero_grad()
-        got = traced(xs, target)
-        got.backward()
-        got_grads = _grads(cell)
-        cell.zero_grad()
-        want = loss_of(xs, target)
-        want.backward()
-        np.testing.assert_allclose(got.item(), want.item(), rtol=1e-5, atol=1e-6)
-        for a, b in zip(got_grads, _grads(cell)):
-            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+        same_loss_and_grads(traced, cell, xs, target)
     stats = traced.stats
     # one forward and one backward kernel compiled; shorter lists before the lengths
     # generalized were traced (and run eagerly), never compiled

@@ -7,6 +7,7 @@ the same values), the loop node's own impl run on other lengths, and eager hybri
 
 import numpy as np
 import pytest
+from trace_helpers import same_loss_and_grads
 
 import hybridnet as hn
 import hybridnet.nn as nn
@@ -216,16 +217,7 @@ def test_traced_loss_and_gradients_equal_eager_over_lengths_with_one_compile(kin
     for steps in lengths:
         xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
         target = hn.tensor(rng.standard_normal((3, 5)).astype(np.float32))
-        cell.zero_grad()
-        got = traced(xs, target)
-        got.backward()
-        got_grads = _grads(cell)
-        cell.zero_grad()
-        want = loss_of(xs, target)
-        want.backward()
-        np.testing.assert_allclose(got.item(), want.item(), rtol=1e-5, atol=1e-6)
-        for a, b in zip(got_grads, _grads(cell)):
-            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+        same_loss_and_grads(traced, cell, xs, target)
     stats = traced.stats  # (the second length is traced once more: its kernel is reused)
     assert stats.compiles <= 1 and stats.traces == 2 and len(traced.specializations) == 1, \
         stats
