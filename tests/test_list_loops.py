@@ -93,6 +93,7 @@ def test_explain_names_the_list_argument_and_its_symbolic_length():
             traced(_items(rng, steps))
         text = str(hn.explain(traced, _items(rng, 20)))
     assert "list of * float32[3, 4]" in text, text
+    assert "the length of list argument 0" in text, text
     assert "loop" in text
 
 

@@ -3,7 +3,7 @@
 from compiler.loop import describe as describe_loops
 from compiler.passes.fusion import describe as describe_units
 
-from .keys import describe_meta
+from .keys import describe_dim, describe_meta
 from .traced import TracedFunction, trace
 
 
@@ -84,7 +84,7 @@ def _spec_dict(spec) -> dict:
     metas = spec.key[1] if isinstance(spec.key, tuple) and len(spec.key) > 1 else ()
     inputs = ", ".join(describe_meta(m) for m in metas)
     least = {(i, d): m for t in spec.traces for i, d, m in t.min_sizes}
-    symbolic = "; ".join(f"dim {d} of tensor argument {i}" + (
+    symbolic = "; ".join(describe_dim(metas, i, d) + (
         f" (sizes below {least[(i, d)]} run eagerly)" if (i, d) in least else "")
         for i, d in sorted(spec.symbolic))
     return {"inputs": f"({inputs})", "fallback": spec.fallback, "symbolic": symbolic,

@@ -329,6 +329,15 @@ def describe_meta(m) -> str:
     return f"{dtype}[{', '.join(dims)}]{' requires_grad' if rg else ''}"
 
 
+def describe_dim(metas, i, d) -> str:
+    """Size `d` of flat input `i` of a key whose tensor metas are `metas`, as text."""
+    m = metas[i] if i < len(metas) else None
+    if m is not None and len(m) > 3 and isinstance(m[3], tuple) and m[3][0] == "list":
+        return f"the length of list argument {i}" if d == 0 else \
+            f"dim {d - 1} of the items of list argument {i}"
+    return f"dim {d} of tensor argument {i}"
+
+
 def _describe_env(new, old) -> str:
     if isinstance(new, tuple) and isinstance(old, tuple) and len(new) == len(old):
         for a, b in zip(new, old):

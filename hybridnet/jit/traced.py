@@ -27,6 +27,7 @@ from .compile import LoweringError, compile_trace
 from .dynamic import differing_dims, least_sizes, mask_key, mask_metas, same_code, trip_dims
 from .guards import make_guard
 from .keys import (
+    describe_dim,
     describe_key_difference,
     describe_meta,
     env_key,
@@ -307,8 +308,8 @@ class TracedFunction:
                 packs=other.packs)
             self.specializations.put(other.key, other)
             self._promote(other)
-            self.stats.event("generalize", "loop trip counts made symbolic (sizes "
-                             f"{_describe_dims(symbolic)}): one specialization serves "
+            self.stats.event("generalize", "loop trip counts made symbolic ("
+                             f"{_describe_dims(symbolic, entry.key)}): one specialization serves "
                              "every length")
             return
 
@@ -467,8 +468,8 @@ def _describe_exit(entry) -> str:
     return "a value guard failed"
 
 
-def _describe_dims(dims) -> str:
-    return ", ".join(f"dim {d} of tensor argument {i}" for i, d in sorted(dims))
+def _describe_dims(dims, key) -> str:
+    return ", ".join(describe_dim(key[1], i, d) for i, d in sorted(dims))
 
 
 def _ints_in(key) -> frozenset:
