@@ -460,7 +460,9 @@ def test_a_loop_nested_in_a_loop_rerolls_at_both_levels_and_generalizes_both_len
 
     traced = hn.trace(f)
     rng = np.random.default_rng(7)
-    sizes = [(4, 9), (4, 9), (5, 12), (5, 12), (6, 15), (3, 20), (7, 11), (4, 9)]
+    # (sizes generalize one at a time: (4, 9) -> (5, 9) makes the outer one symbolic,
+    # (5, 12) the inner one)
+    sizes = [(4, 9), (4, 9), (5, 9), (5, 12), (6, 15), (3, 20), (7, 11), (4, 9)]
     with hn.no_grad():
         for e, t in sizes:
             xs = hn.tensor(rng.standard_normal((e, t, 3, 4)).astype(np.float32))
@@ -496,3 +498,96 @@ def test_a_linear_over_the_stacked_outputs_generalizes_across_lengths():
                                        atol=1e-6)
     assert any(e["kind"] == "generalize" for e in traced.stats.events), traced.stats.events
     assert traced.stats.compiled_calls >= 4, traced.stats
+
+
+
+# ---- review regressions: which sizes may become symbolic -------------------------------------
+
+
+def _rnn_calls(f, shapes, grad=False, seed=9):
+    """Traced == eager for f(x) over inputs of `shapes` (no_grad unless `grad`)."""
+    cell_free = hn.trace(f)
+    rng = np.random.default_rng(seed)
+    for shape in shapes:
+        args = [hn.tensor(rng.standard_normal(s).astype(np.float32)) for s in shape]
+        with hn.enable_grad() if grad else hn.no_grad():
+            np.testing.assert_allclose(cell_free(*args).numpy(), f(*args).numpy(),
+                                       rtol=1e-5, atol=1e-6)
+    return cell_free
+
+
+def test_an_inner_length_taken_from_the_outer_dim_is_not_made_symbolic():
+    """(4, 6) then (5, 7): both dims moved with some loop's trips, but the inner loop
+    slices dim 1 with a gap dim 0 sets; generalizing both gave wrong results."""
+    cell = _cell("rnn", 4, 6)
+
+    def f(x):
+        h = hn.zeros(3, 6)
+        for e in range(x.shape[0]):
+            for t in range(x.shape[0]):  # (reads the first E frames of each row)
+                h = cell(x[e, t], h)
+            h = h * 0.5
+        return h
+    sizes = [(4, 6), (4, 6), (5, 7), (5, 7), (4, 9), (6, 12), (5, 5), (4, 9)]
+    _rnn_calls(f, [((e, t, 3, 4),) for e, t in sizes])
+
+
+def test_a_second_loop_counted_by_another_size_is_not_made_symbolic():
+    cell = _cell("rnn", 4, 6)
+
+    def f(x, y):
+        h = hn.zeros(3, 6)
+        for t in range(x.shape[0]):
+            h = cell(x[t], h)
+        for t in range(x.shape[0]):  # (slices y, counted by x)
+            h = cell(y[t], h)
+        return h
+    sizes = [(5, 8), (5, 8), (6, 9), (6, 9), (5, 12), (7, 7), (9, 12)]
+    _rnn_calls(f, [((a, 3, 4), (b, 3, 4)) for a, b in sizes])
+
+
+def test_a_specialization_traced_after_a_size_became_symbolic_is_keyed_exactly():
+    """Regression: once a length was symbolic every later key was masked, so a miss for
+    another reason (the batch size) was traced at one length (here 1, not rerolled) and
+    then served every length."""
+    cell = _cell("rnn", 4, 6)
+
+    def f(x):
+        h = hn.zeros(x.shape[1], 6)
+        for t in range(x.shape[0]):
+            h = cell(x[t], h)
+        return h
+    sizes = [(9, 3), (9, 3), (12, 3), (12, 3), (1, 5), (9, 5), (9, 5), (3, 2), (5, 2),
+             (14, 3)]
+    traced = _rnn_calls(f, [((t, b, 4),) for t, b in sizes])
+    assert traced.stats.compiled_calls >= 3
+
+
+def test_sizes_made_symbolic_without_grad_do_not_serve_calls_with_grad():
+    cell = _cell("rnn", 4, 6)
+
+    def f(x):
+        h = hn.zeros(3, 6)
+        for e in range(x.shape[0]):
+            for t in range(x.shape[1]):
+                h = cell(x[e, t], h)
+        return h.sum()
+    rng = np.random.default_rng(10)
+    traced = hn.trace(f)
+    for e, t, grad in [(4, 9, False), (5, 9, False), (5, 12, False), (5, 12, True),
+                       (6, 15, True), (8, 8, True), (6, 15, True)]:
+        x = hn.tensor(rng.standard_normal((e, t, 3, 4)).astype(np.float32))
+        if not grad:
+            with hn.no_grad():
+                np.testing.assert_allclose(traced(x).item(), f(x).item(), rtol=1e-5)
+            continue
+        same_loss_and_grads(traced, cell, x)
+
+
+def test_a_batched_product_with_an_empty_inner_dim_compiles():
+    w = hn.randn(0, 5)
+    traced = hn.trace(lambda x: x @ w)
+    for _ in range(3):
+        x = hn.randn(2, 3, 0)
+        np.testing.assert_array_equal(traced(x).numpy(), np.zeros((2, 3, 5), np.float32))
+    assert traced.stats.compiled_calls >= 1

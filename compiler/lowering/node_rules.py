@@ -113,9 +113,10 @@ def _matmul(em, node, a, b):
         em.emit(f"{v} = np.zeros(({v}_a.shape[0], {v}_b.shape[1]), {dt})")
         _int_dot(em, f"{v}_a", f"{v}_b", v)
         return
-    if kind == "f" and len(node.inputs[1].shape) == 2:
+    if kind == "f" and len(node.inputs[1].shape) == 2 and node.inputs[0].shape[-1]:
         # (batch, ..., k) @ (k, n): one product over all the rows, no copies of b per
-        # item, and no size named (so the code serves other batch sizes and lengths)
+        # item, and no size named (so the code serves other batch sizes and lengths;
+        # an empty inner dim takes the loop below: the -1 could not be worked out)
         em.ctx.uses_blas = True
         em.emit(f"{v}_a = np.ascontiguousarray({a})")
         em.emit(f"{v}_p = np.dot({v}_a.reshape((-1, {v}_a.shape[-1])), "

@@ -78,7 +78,7 @@ class CompileResult:
         self.seconds = seconds
         self.backward = None  # Backward, for a trace whose results carry gradients
         self.loop_trips = ()  # the trip counts of its loops that iterate over sizes
-        self.loop_dims = frozenset()  # (flat argument, dim) pairs its loops slice from
+        self.loop_dims = {}  # (flat argument, dim) -> trip counts of the loops slicing it
 
 
 def compile_trace(tg, dynamic) -> CompileResult:

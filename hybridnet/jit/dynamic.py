@@ -34,47 +34,51 @@ def loop_trips(graph) -> tuple:
     return tuple(trips)
 
 
-def loop_dims(tg, graph) -> frozenset:
-    """(flat argument index, dim) of every argument a loop of `graph` (a compiled forward,
-    its inputs those of `tg.graph`) slices its steps from, also through the bodies of
-    loops it is nested in (a body's sequence and invariant inputs keep their base's dims:
-    a step of a sequence is a slice, not a reshape)."""
+def loop_dims(tg, graph) -> dict:
+    """(flat argument index, dim) -> the trip counts of the loops of `graph` (a compiled
+    forward, its inputs those of `tg.graph`) that slice their steps from that argument's
+    dim, also through the bodies of loops they are nested in (a body's sequence and
+    invariant inputs keep their base's dims: a step of a sequence is a slice)."""
     position = {id(n): i for i, n in enumerate(graph.inputs)}
     args = {id(n): tg.sources[i].index for n, i in
             ((graph.inputs[i], i) for i in position.values()) if tg.sources[i].kind == "arg"}
-    return frozenset(_sliced_args(graph, args))
+    found = {}
+    _sliced_args(graph, args, found)
+    return {k: tuple(sorted(v)) for k, v in found.items()}
 
 
-def _sliced_args(graph, args) -> set:
-    """(argument, dim) pairs sliced by the loops of `graph`, whose nodes `args` maps
-    (by id) to the argument they are, dims kept."""
-    found = set()
+def _sliced_args(graph, args, found) -> None:
+    """Add to `found` the trip count of each loop of `graph` under each (argument, dim) it
+    slices; `args` maps (by id) the nodes of `graph` that are arguments to their index."""
     for node in graph.nodes:
         spec = node.attrs.get("spec") if is_loop(node) else None
         if spec is None:
             continue
-        for seq, base in zip(spec.seqs, spec.seq_bases(node.inputs)):
+        bases = spec.seq_bases(node.inputs)
+        trip = spec.trip_of([b.shape for b in bases]) if spec.seqs else None
+        for seq, base in zip(spec.seqs, bases):
             if id(base) in args:
-                found.add((args[id(base)], seq.dim))
-        inner = {}
+                found.setdefault((args[id(base)], seq.dim), []).append(trip)
         body_inputs = spec.body.inputs
-        for k, outer in enumerate(node.inputs):
-            if k >= spec.n_carried and id(outer) in args:
-                inner[id(body_inputs[k])] = args[id(outer)]
+        inner = {id(body_inputs[k]): args[id(outer)] for k, outer in enumerate(node.inputs)
+                 if k >= spec.n_carried and id(outer) in args}
         if inner:
-            found |= _sliced_args(spec.body, inner)
-    return found
+            _sliced_args(spec.body, inner, found)
 
 
 def trip_dims(known, key, dims, known_result, result) -> bool:
-    """Is each of `dims` a dim that a loop slices its steps from, in both calls, and does
-    its size change by as much as that loop's trip count does? (A size only Python reads,
-    `range(y.shape[0])`, is none: the loop over another argument keeps a fixed gap.)"""
-    if len(known_result.loop_trips) != len(result.loop_trips) or \
-            not dims <= (known_result.loop_dims & result.loop_dims):
-        return False
-    moves = {b - a for a, b in zip(known_result.loop_trips, result.loop_trips)} - {0}
-    return all(key[1][i][0][d] - known[1][i][0][d] in moves for i, d in dims)
+    """Does the size at each of `dims` change, between the two calls, by exactly as much as
+    the trip count of every loop that slices its steps from that dim? (A size only Python
+    reads, `range(y.shape[0])`, is sliced by no loop; a dim a loop slices with a gap
+    that another size sets changes by more or less than that loop's trips.)"""
+    for i, d in dims:
+        before, after = known_result.loop_dims.get((i, d)), result.loop_dims.get((i, d))
+        if not before or not after or len(before) != len(after):
+            return False
+        change = key[1][i][0][d] - known[1][i][0][d]
+        if any(b - a != change for a, b in zip(before, after)):
+            return False
+    return True
 
 
 def differing_dims(known, key):

@@ -24,7 +24,7 @@ from ..dispatch import node_of
 from ..nn.module import STRUCTURE_VERSION, Module
 from .build import Untraceable, build
 from .compile import LoweringError, compile_trace
-from .dynamic import differing_dims, least_sizes, mask_key, mask_metas, same_code, trip_dims
+from .dynamic import differing_dims, least_sizes, mask_key, same_code, trip_dims
 from .guards import make_guard
 from .keys import (
     describe_dim,
@@ -94,7 +94,9 @@ class TracedFunction:
         self._globals_size = -1
         self._refresh_env()
         self._hot = []  # specializations with a guard function, most recently hit first
-        self._symbolic = {}  # argument structure -> its symbolic (flat index, dim) sizes
+        # argument structure -> the masks (frozensets of (flat index, dim)) of its
+        # generalized specializations: a key missing exactly is looked up under each
+        self._symbolic = {}
         self._stale = {}  # key -> how often its traces went stale
         # list arguments of tensors alike are passed packed (pytree.Packed), so a loop
         # over one serves every length; off for dynamic=False, or once a call used an item
@@ -123,9 +125,6 @@ class TracedFunction:
         self._refresh_env()
         metas = tuple((t.shape, t._data.dtype, False, t.meta_class) if isinstance(t, Packed)
                       else (t._data.shape, t._data.dtype, t._rg, t.__class__) for t in flat)
-        symbolic = self._symbolic.get(spec) if self._symbolic else None
-        if symbolic:
-            metas = mask_metas(metas, symbolic)
         key = (spec, metas, STATE.grad, same_tensors(flat))
         if self.module is not None:
             key += (module_key(self.module),)
@@ -160,7 +159,7 @@ class TracedFunction:
         except Unsupported as exc:
             return self._eager(args, kwargs, f"unsupported argument: {exc}")
         key = self._key(flat, spec)
-        entry = self.specializations.get(key)
+        entry = self._lookup(key)
         if entry is None:
             return self._miss(key, flat, args, kwargs)
         if entry.fallback is not None:
@@ -170,6 +169,19 @@ class TracedFunction:
             entry.version[0] = STRUCTURE_VERSION[0]  # the key says the structure is the same
             self._promote(entry)
         return self._run_compiled(entry, flat, args, kwargs)
+
+    def _lookup(self, key):
+        """The specialization for exact `key`, else a generalized one whose mask covers
+        it. (New specializations are keyed exactly: one traced at some length of a
+        symbolic size holds for that length only.)"""
+        entry = self.specializations.get(key)
+        if entry is not None or not self._symbolic:
+            return entry
+        for mask in self._symbolic.get(key[0], ()):
+            entry = self.specializations.get(mask_key(key, mask))
+            if entry is not None and entry.symbolic == mask:
+                return entry
+        return None
 
     def _eager(self, args, kwargs, reason=None):
         self.stats.eager_calls += 1
@@ -292,11 +304,17 @@ class TracedFunction:
                 continue
             dims = differing_dims(other.key, entry.key)
             theirs = other.traces[0]
-            if not dims or not trip_dims(other.key, entry.key, dims, theirs.result,
-                                         mine.result) or not same_code(theirs, mine):
+            # (one size at a time: two sizes that moved together in two calls, say a
+            # loop's length and the size it slices with a fixed gap, cannot be told apart)
+            if not dims or len(dims) != 1 or not trip_dims(
+                    other.key, entry.key, dims, theirs.result, mine.result) or \
+                    not same_code(theirs, mine):
                 continue
             spec = entry.key[0]
-            symbolic = self._symbolic[spec] = self._symbolic.get(spec, frozenset()) | dims
+            symbolic = other.symbolic | dims
+            masks = self._symbolic.setdefault(spec, set())
+            masks.discard(other.symbolic)
+            masks.add(symbolic)
             self._forget(entry)
             self._forget(other)
             other.key = mask_key(other.key, symbolic)
@@ -350,7 +368,7 @@ class TracedFunction:
         if entry.symbolic:
             # (a trace made now would be keyed for every length, unconfirmed for any but
             # this one: the sizes go back to exact keys, and may be generalized again)
-            self._symbolic.pop(entry.key[0], None)
+            self._symbolic.get(entry.key[0], set()).discard(entry.symbolic)
             self._forget(entry)
             self.stats.event("stale", f"{why}; its lengths are exact again")
             return self._slow_call(args, kwargs)
