@@ -240,6 +240,12 @@ LOOP_OUT = register(OpDef(
     doc="Output `index` of a loop node: a final carried value or a collected one."))
 
 
+def traced_trip(node) -> int:
+    """The trip count of loop node `node` at the (traced) shapes of its inputs."""
+    spec = node.attrs["spec"]
+    return spec.trip_of(spec.seq_bases([i.shape for i in node.inputs]))
+
+
 def describe(graph) -> list:
     """Text lines on each loop node of `graph`: how its trip count is found, what it
     carries, reads and collects, and its body graph."""

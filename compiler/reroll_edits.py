@@ -5,7 +5,7 @@ become picked outputs of their loop.
 """
 
 from .ir import Graph, Node
-from .loop import Pick, is_loop, is_projection
+from .loop import Pick, is_loop, is_projection, traced_trip
 from .passes.cse import node_key
 from .passes.dce import DeadCodeElimination
 from .passes.rewrite import rewrite_graph
@@ -186,7 +186,7 @@ def pick_single_steps(g: Graph) -> None:
         k = _step_of(n, spec, c, src)
         if k is None:
             continue
-        trips = spec.trip_of(spec.seq_bases([i.shape for i in loop.inputs]))
+        trips = traced_trip(loop)
         pick = Pick(c, trips - 1 - k, True) if 2 * k >= trips else Pick(c, k)
         picks = list(spec.picks)
         if pick not in picks:

@@ -9,7 +9,7 @@ import numpy as np
 from .. import blas
 from ..errors import LoweringError
 from ..ir import pad_shape as _pad
-from ..loop import is_loop
+from ..loop import is_loop, traced_trip
 from ..registry import REGISTRY
 from .loop_rule import emit_loop, emit_loop_out
 from .rules import is_reduction
@@ -282,8 +282,7 @@ def _products(graph) -> list:
     for n in graph.nodes:
         spec = n.attrs.get("spec") if is_loop(n) else None
         if spec is not None:
-            trip = spec.trip_of(spec.seq_bases([i.shape for i in n.inputs]))
-            found += _products(spec.body) * trip
+            found += _products(spec.body) * traced_trip(n)
     return found
 
 

@@ -17,7 +17,7 @@ took. Such functions should pass `dynamic=False`.
 
 import numpy as np
 
-from compiler.loop import is_loop
+from compiler.loop import is_loop, traced_trip
 
 
 def loop_trips(graph) -> tuple:
@@ -29,7 +29,7 @@ def loop_trips(graph) -> tuple:
         if spec is None:
             continue
         if spec.seqs:
-            trips.append(spec.trip_of(spec.seq_bases([i.shape for i in node.inputs])))
+            trips.append(traced_trip(node))
         trips.extend(loop_trips(spec.body))
     return tuple(trips)
 
@@ -39,9 +39,8 @@ def loop_dims(tg, graph) -> dict:
     forward, its inputs those of `tg.graph`) that slice their steps from that argument's
     dim, also through the bodies of loops they are nested in (a body's sequence and
     invariant inputs keep their base's dims: a step of a sequence is a slice)."""
-    position = {id(n): i for i, n in enumerate(graph.inputs)}
-    args = {id(n): tg.sources[i].index for n, i in
-            ((graph.inputs[i], i) for i in position.values()) if tg.sources[i].kind == "arg"}
+    args = {id(n): tg.sources[i].index for i, n in enumerate(graph.inputs)
+            if tg.sources[i].kind == "arg"}
     found = {}
     _sliced_args(graph, args, found)
     return {k: tuple(sorted(v)) for k, v in found.items()}
@@ -55,7 +54,7 @@ def _sliced_args(graph, args, found) -> None:
         if spec is None:
             continue
         bases = spec.seq_bases(node.inputs)
-        trip = spec.trip_of([b.shape for b in bases]) if spec.seqs else None
+        trip = traced_trip(node)
         for seq, base in zip(spec.seqs, bases):
             if id(base) in args:
                 found.setdefault((args[id(base)], seq.dim), []).append(trip)

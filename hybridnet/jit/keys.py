@@ -324,15 +324,19 @@ def describe_meta(m) -> str:
     """One tensor input of a key as text: 'float32[3, 4] requires_grad'."""
     shape, dtype, rg = m[:3]
     dims = ["*" if s is None else str(s) for s in shape]  # (*: any size, dynamic.py)
-    if len(m) > 3 and isinstance(m[3], tuple) and m[3][0] == "list":  # (pytree.Packed)
+    if _is_list(m):
         return f"list of {dims[0]} {dtype}[{', '.join(dims[1:])}]"
     return f"{dtype}[{', '.join(dims)}]{' requires_grad' if rg else ''}"
 
 
+def _is_list(meta) -> bool:
+    """Is this key meta a packed list's (pytree.Packed.meta_class)?"""
+    return len(meta) > 3 and isinstance(meta[3], tuple) and meta[3][0] == "list"
+
+
 def describe_dim(metas, i, d) -> str:
     """Size `d` of flat input `i` of a key whose tensor metas are `metas`, as text."""
-    m = metas[i] if i < len(metas) else None
-    if m is not None and len(m) > 3 and isinstance(m[3], tuple) and m[3][0] == "list":
+    if i < len(metas) and _is_list(metas[i]):
         return f"the length of list argument {i}" if d == 0 else \
             f"dim {d - 1} of the items of list argument {i}"
     return f"dim {d} of tensor argument {i}"
