@@ -1,6 +1,6 @@
 """Compile time and peak memory against graph length: long traces are split into kernels.
 
-    python benchmarks/compile_scaling.py [--quick] [--unsplit]
+    python benchmarks/compile_scaling.py [--quick] [--unsplit] [--backend numba|llvm]
 
 Workloads, each unrolled over its time steps by the Python loop inside the traced
 function (under hn.no_grad()):
@@ -61,7 +61,7 @@ def lstm(steps):
 
 fn, args = {kind}({steps})
 base = rss_mb()
-traced = hn.trace(fn)
+traced = hn.trace(fn, backend={backend!r}, dynamic={dynamic!r})
 with hn.no_grad():
     t0 = time.perf_counter()
     traced(*args)
@@ -83,10 +83,16 @@ print("ROW " + json.dumps(row))
 """
 
 
+BACKEND = {"name": "numba"}  # (--backend)
+
+
 def run_child(kind, steps, cache_dir, timing, env_extra=None, timeout=900):
     """One fresh process: the row it measured (or a row with 'error')."""
+    backend = BACKEND["name"]
+    # (llvm: dynamic=False, the unrolled steps, which llvm compiles; see docs/jit.md)
     code = _CHILD.format(here=HERE, examples=os.path.join(os.path.dirname(HERE), "examples"),
-                         kind=kind, steps=steps, timing=timing)
+                         kind=kind, steps=steps, timing=timing, backend=backend,
+                         dynamic=False if backend == "llvm" else None)
     env = dict(os.environ, HYBRIDNET_CACHE_DIR=cache_dir, **(env_extra or {}))
     try:
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -166,12 +172,15 @@ def main():
     parser.add_argument("--quick", action="store_true", help="the two smallest sizes only")
     parser.add_argument("--unsplit", action="store_true",
                         help="also compile small sizes as one function (before splitting)")
+    parser.add_argument("--backend", default="numba", choices=["numba", "llvm"],
+                        help="llvm: the unrolled steps (dynamic=False) compiled by llvm")
     opts = parser.parse_args()
+    BACKEND["name"] = opts.backend
     sizes = {"rnn": [16, 64, 256, 1024], "lstm": [20, 100, 199]}
     for kind, steps_list in sizes.items():
         steps_list = steps_list[:2] if opts.quick else steps_list
         rows = [row_of(steps, *measure(kind, steps)) for steps in steps_list]
-        table(f"{kind}: compile time and peak memory (split kernels)", rows)
+        table(f"{kind}: compile time and peak memory, backend {opts.backend}", rows)
         if opts.unsplit:
             small = {"rnn": [16, 64], "lstm": [5, 10, 20]}[kind]
             table(f"{kind}: compiled as one function (no splitting), cold",

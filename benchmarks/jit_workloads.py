@@ -50,18 +50,46 @@ def _jax_w1(jax):
     return f
 
 
-def _w1_row(n, traced, torch, jax):
+def _numba_loop():
+    """A hand-written Numba loop for W1 with the same float32 math (compiler.lowering
+    .mathlib: 1 ulp), one thread: what a user could write by hand."""
+    from numba import njit
+
+    from compiler.lowering.mathlib import sigmoid_f32, tanh_f32
+    c, k = np.float32(C), np.float32(0.044715)
+    h, a, b = np.float32(0.5), np.float32(1.5), np.float32(0.1)
+
+    @njit(fastmath={"reassoc", "contract"}, error_model="numpy")
+    def loop(x, out):
+        for i in range(x.size):
+            v = x[i]
+            y = v * a + b
+            g = h * y * (np.float32(1) + tanh_f32(c * (y + k * y * y * y)))
+            out[i] = g * sigmoid_f32(v) + h * v
+    return loop
+
+
+def _w1_row(n, traced, torch, jax, extra):
     a = np.random.default_rng(0).standard_normal(n).astype(np.float32)
     x = hn.from_numpy(a)
     dst = np.empty_like(a)
     repeat = 5 if n >= 2 ** 24 else 9
     with hn.no_grad():
+        for f in extra.values():
+            f(x), f(x)
         traced(x), traced(x)
         row = {"n": n, "floor": median_time(lambda: np.copyto(dst, a), repeat),
                "compiled": median_time(lambda: traced(x), repeat),
                "eager": median_time(lambda: w1_hn(x), repeat),
                "numpy": median_time(lambda: w1_numpy(a), repeat),
                "max_err": float(np.abs(traced(x).numpy() - w1_numpy(a)).max())}
+        for name, f in extra.items():
+            row[name] = median_time(lambda f=f: f(x), repeat)
+            row["max_err"] = max(row["max_err"], float(np.abs(f(x).numpy() -
+                                                               w1_numpy(a)).max()))
+    loop = _numba_loop()
+    loop(a, dst)
+    row["numba loop"] = median_time(lambda: loop(a, dst), repeat)
     if torch is not None:
         t = torch.from_numpy(a)
         tf = _torch_w1(torch)
@@ -78,9 +106,11 @@ def _w1_row(n, traced, torch, jax):
 def bench_w1(quick):
     torch, jax = optional("torch"), _jax()
     sizes = [2 ** 16, 2 ** 20] if quick else [2 ** 16, 2 ** 20, 2 ** 24]
-    traced = hn.trace(w1_hn)
-    rows = [_w1_row(n, traced, torch, jax) for n in sizes]
-    impls = ("compiled", "eager", "numpy", "torch", "torch.compile", "jax.jit")
+    traced = hn.trace(w1_hn, backend="numba")
+    extra = {"llvm": hn.trace(w1_hn, backend="llvm")}
+    rows = [_w1_row(n, traced, torch, jax, extra) for n in sizes]
+    impls = ("compiled", "llvm", "eager", "numpy", "numba loop", "torch", "torch.compile",
+             "jax.jit")
     table = []
     for r in rows:
         line = {"n": f"2^{int(math.log2(r['n']))}", "floor": fmt_time(r["floor"]),
@@ -92,7 +122,9 @@ def bench_w1(quick):
     cols = [("n", "N", str), ("floor", "copy floor", str)] + \
         [(k, k, str) for k in impls] + [("err", "max|err| vs numpy", str)]
     print_table("W1: gelu_tanh(x*1.5+0.1) * sigmoid(x) + 0.5*x, float32; time (multiple of "
-                "the memory-bandwidth floor: np.copyto, read + write)", table, cols)
+                "the memory-bandwidth floor: np.copyto, read + write); compiled = hn.trace "
+                "backend numba, llvm = backend llvm; numba loop = hand-written, 1 thread",
+                table, cols)
     return rows
 
 
@@ -262,40 +294,72 @@ _W1_SETUP = """
 def w1(x):
     y = x * 1.5 + 0.1
     return hn.gelu(y, approximate="tanh") * hn.sigmoid(x) + 0.5 * x
-f = hn.trace(w1)
+f = hn.trace(w1, backend={backend!r})
 x = hn.randn(2 ** 16)
 """
 
 _MLP_SETUP = """
 m = hn.nn.Sequential(hn.nn.Linear(784, 256), hn.nn.ReLU(), hn.nn.Linear(256, 256),
                      hn.nn.ReLU(), hn.nn.Linear(256, 10), hn.nn.Softmax(1))
-f = hn.trace(m)
+f = hn.trace(m, backend={backend!r})
 x = hn.randn(64, 784)
 """
 
+_JAX_COLD = r"""
+import sys, time
+t0 = time.perf_counter()
+import jax, jax.numpy as jnp
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+t1 = time.perf_counter()
+{setup}
+t2 = time.perf_counter()
+f(x).block_until_ready()
+t3 = time.perf_counter()
+print(f"{{t1 - t0:.4f}} {{t2 - t1:.4f}} {{t3 - t2:.4f}}")
+"""
 
-def _cold_run(setup, cache_dir):
-    code = _COLD.format(setup=setup)
+_JAX_W1 = """
+@jax.jit
+def f(x):
+    y = x * 1.5 + 0.1
+    return jax.nn.gelu(y, approximate=True) * jax.nn.sigmoid(x) + 0.5 * x
+x = jnp.asarray(jax.random.normal(jax.random.PRNGKey(0), (2 ** 16,)))
+"""
+
+
+def _cold_run(setup, cache_dir, jax=False):
+    code = (_JAX_COLD if jax else _COLD).format(setup=setup)
     env = dict(os.environ, HYBRIDNET_CACHE_DIR=cache_dir)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=env, check=True).stdout.split()
+    out = subprocess.run([sys.executable, "-c", code, cache_dir], capture_output=True,
+                         text=True, env=env, check=True).stdout.split()
     return map(float, out)
 
 
 def bench_compile(quick):
+    """Time to the first compiled result in fresh processes, per backend, with an empty
+    and with a warm disk cache ("first result" = first call + compiling call)."""
     import tempfile
     rows = []
-    for name, setup in (("W1", _W1_SETUP), ("MLP", _MLP_SETUP)):
+    cases = [(f"{name} {backend}", setup.format(backend=backend), False)
+             for name, setup in (("W1", _W1_SETUP), ("MLP", _MLP_SETUP))
+             for backend in ("numba", "llvm")]
+    if _jax() is not None:
+        cases.insert(2, ("W1 jax.jit", _JAX_W1, True))
+    for name, setup, is_jax in cases:
         with tempfile.TemporaryDirectory() as cache_dir:
-            for label in ("cold (empty kernel cache)", "new process, warm disk cache"):
-                imp, trace_s, compile_s = _cold_run(setup, cache_dir)
-                rows.append({"workload": f"{name}: {label}", "import": imp, "trace": trace_s,
-                             "compile": compile_s})
-    print_table("Compile latency in a fresh process (compile = optimize + lower + Numba "
-                "compile + first compiled call)", rows,
-                [("workload", "workload", str), ("import", "import hybridnet", fmt_time),
-                 ("trace", "first (eager+record) call", fmt_time),
-                 ("compile", "compile + first compiled call", fmt_time)])
+            for label in ("cold (empty cache)", "new process, warm disk cache"):
+                imp, first, second = _cold_run(setup, cache_dir, is_jax)
+                rows.append({"workload": f"{name}: {label}", "import": imp, "trace": first,
+                             "compile": second, "total": first + second})
+    print_table("Time to the first compiled result in a fresh process (hn: the first call "
+                "records and runs eagerly; llvm compiles there, numba at the second call; "
+                "jax.jit: its one first call)", rows,
+                [("workload", "workload", str), ("import", "import", fmt_time),
+                 ("trace", "first call", fmt_time),
+                 ("compile", "second call", fmt_time),
+                 ("total", "first compiled result, from the first call", fmt_time)])
     return rows
 
 

@@ -27,6 +27,10 @@ LAZY_OK = {
     "scipy.special": "~0.2 s to import; only the erf reference implementation needs it",
     "networkx": "only Graph.to_networkx() needs it",
     "importlib.metadata": "~10 ms (it loads email, csv, socket); only disk-cache keys need it",
+    "llvmlite": "llvmlite.binding loads LLVM (~65 ms); only the llvm backend's compiles need it",
+    "compiler.lowering.llvm_emit": "it imports llvmlite.ir (~10 ms); only the llvm backend "
+                                   "needs it",
+    "scipy.linalg": "~0.1 s; only llvm kernels that call BLAS need its function pointers",
 }
 
 

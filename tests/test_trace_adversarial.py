@@ -515,7 +515,7 @@ def test_returned_grad_assigned_inside_is_that_grad():
 
 
 def test_same_computed_tensor_returned_twice_is_one_object():
-    # Each result leaf is wrapped on its own (and copied by compile._aliased_results).
+    # Each result leaf is wrapped on its own (and copied by runtime.pipeline.aliased_results).
     @hn.trace
     def f(x):
         y = x * 2.0

@@ -11,6 +11,11 @@ first call traces and returns the eager result, the second runs the compiled ker
 All must agree within float32 round-off (exactly for int/bool; nan == nan), and the
 second call must have run compiled, except for the cases in EAGER, whose fallback
 reason must be recorded in `stats.events`.
+
+The table tests run once per backend (the `backend` parameter: "numba", "llvm"). With
+"llvm", a case the llvm backend cannot lower compiles with numba and records why (a
+"backend_fallback" event); the ops the llvm backend claims (LLVM_OPS) must compile with
+it, except the cases in LLVM_FALLBACK.
 """
 
 import numpy as np
@@ -137,6 +142,31 @@ def fallback_reasons(tf):
     return [e["detail"] for e in tf.stats.events if e["kind"] == "fallback"]
 
 
+# The ops the llvm backend lowers itself (elementwise, reductions, views, float matmul).
+LLVM_OPS = {"abs", "add", "cast", "cos", "detach", "div", "eq", "erf", "exp", "expand", "ge",
+            "gt", "le", "log", "lt", "max", "maximum", "min", "minimum", "mul", "ne", "neg",
+            "pow", "sigmoid", "sign", "sin", "sqrt", "sub", "sum", "tanh", "where", "reshape",
+            "permute", "slice", "pad_slice", "cat"}
+# Cases of those ops that still go to numba, with words of the reason.
+LLVM_FALLBACK = {"int-matmul-batched": "matmul on int64", "int-reduce": "argmax",
+                 "pow-int": "pow on int"}
+
+
+@pytest.fixture(params=["numba", "llvm"])
+def backend(request, monkeypatch):
+    """Run the test with hn.trace's default backend set to the parameter."""
+    monkeypatch.setenv("HYBRIDNET_BACKEND", request.param)
+    return request.param
+
+
+def compiled_by(tf):
+    """(backend, fallback reason) of the last compiled trace of `tf`."""
+    for entry in tf.specializations.values():
+        for trace in entry.traces:
+            return trace.result.backend, trace.result.fallback
+    return None, None
+
+
 def check_traced(name, fn, specs, dtype=np.float32):
     """Eager, interpreted, traced and compiled calls agree; compiled unless in EAGER."""
     seed = seed_of(name)
@@ -160,7 +190,26 @@ def check_traced(name, fn, specs, dtype=np.float32):
         assert any(EAGER[name] in r for r in reasons), reasons
     else:
         assert tf.stats.compiled_calls == 1, (tf.stats, fallback_reasons(tf))
+        _check_backend(name, tf)
     return tf
+
+
+def _check_backend(name, tf):
+    """With the llvm backend: the graph compiled with llvm, or numba took it for a reason
+    that names an op or type outside what llvm lowers."""
+    if tf.backend != "llvm":
+        assert compiled_by(tf)[0] == "numba"
+        return
+    used, reason = compiled_by(tf)
+    if used == "llvm":
+        assert name not in LLVM_FALLBACK, f"{name} compiles with llvm now: update LLVM_FALLBACK"
+        return
+    assert reason and "llvm backend" in reason and "failed (" not in reason, reason
+    if name in LLVM_FALLBACK:
+        assert LLVM_FALLBACK[name] in reason, reason
+        return
+    claimed = [op for op in LLVM_OPS if f"op {op!r}" in reason]
+    assert not claimed, f"{name}: llvm claims {claimed} but fell back: {reason}"
 
 
 # ---- the registry tables ------------------------------------------------------------------
@@ -173,12 +222,12 @@ def test_primitive_selection_covers_every_op_twice():
 
 
 @pytest.mark.parametrize("case", PRIMS, ids=[c.id for c in PRIMS])
-def test_primitive_traced(case):
+def test_primitive_traced(case, backend):
     check_traced(case.id, case.fn, case.inputs)
 
 
 @pytest.mark.parametrize("case", comp.CASES, ids=comp.IDS)
-def test_composite_traced(case):
+def test_composite_traced(case, backend):
     check_traced(case.name, lambda *ts: case.fn(hn, *ts), case.inputs)
 
 
@@ -262,7 +311,7 @@ EXTRA = [
 
 
 @pytest.mark.parametrize("case", EXTRA, ids=[c.name for c in EXTRA])
-def test_extra_traced(case):
+def test_extra_traced(case, backend):
     check_traced(case.name, lambda *ts: case.fn(hn, *ts), case.inputs)
 
 
@@ -272,7 +321,7 @@ F64 = ["softmax-last", "log-softmax", "var-all", "gelu-none", "gelu-tanh", "sigm
 
 
 @pytest.mark.parametrize("name", F64)
-def test_float64_traced(name):
+def test_float64_traced(name, backend):
     case = next(c for c in comp.CASES if c.name == name)
     tf = check_traced(name, lambda *ts: case.fn(hn, *ts), case.inputs, dtype=np.float64)
     assert "float64" in tf.stats.events[0]["detail"]
@@ -438,10 +487,10 @@ def test_constant_index_gather_compiles():
 
 
 def test_code_numba_rejects_runs_eagerly_with_the_reason(monkeypatch):
-    import hybridnet.jit.compile as jit_compile
+    import runtime.pipeline as pipeline
     from compiler.lowering import rules
     from runtime.cache import KernelCache
-    monkeypatch.setattr(jit_compile, "_KERNELS", KernelCache())  # keep the bad kernel local
+    monkeypatch.setattr(pipeline, "_KERNELS", KernelCache())  # keep the bad kernel local
     monkeypatch.setitem(rules.RULES, "cos", lambda a, node, ctx: f"np.cos({a[0]}, 1, 2, 3)")
     tf = hn.trace(lambda x: x.cos() * 2.0)
     x = hn.ones(3)

@@ -7,6 +7,35 @@ from ..registry import REGISTRY
 from .rules import RULES, combine_code, is_reduction, reduce_identity
 
 
+def materialized(g, users, outputs) -> set:
+    """Ids of the group's nodes that need an array (not only a scalar in the loop): graph
+    outputs, values read outside the group or by a later phase (unless computed once per
+    row), and buffer reductions. Shared by the Numba and LLVM emitters."""
+    out = set()
+    for node in g.nodes:
+        nid = id(node)
+        if nid in outputs:
+            out.add(nid)
+            continue
+        for user in users.get(nid, []):
+            if not g.holds(user):
+                out.add(nid)
+            elif nid not in g.row_level and g.phase[id(user)] > g.phase[nid]:
+                out.add(nid)  # a full value read back in a later phase
+    if g.buffer_reductions:
+        out.update(id(n) for n in g.nodes if is_reduction(n))
+    return out
+
+
+def phase_members(g, phase) -> tuple:
+    """(full-domain nodes, row reductions, other row-level nodes) of one phase, in order."""
+    members = [n for n in g.nodes if g.phase[id(n)] == phase]
+    full = [n for n in members if id(n) not in g.row_level]
+    reds = [n for n in members if id(n) in g.row_level and is_reduction(n)]
+    rows = [n for n in members if id(n) in g.row_level and not is_reduction(n)]
+    return full, reds, rows
+
+
 class _Group:
     """Per-group codegen state."""
 
@@ -15,27 +44,11 @@ class _Group:
         self.ctx = em.ctx
         self.domain = group.domain
         self.rank = len(group.domain)
-        self.materialized = self._materialized()
+        self.materialized = materialized(group, em.users, em.outputs)
         self.gid = self.ctx.group_id(group)
         self.dims = [f"d{self.gid}_{j}" for j in range(self.rank)]
 
     # -- planning -----------------------------------------------------------------------
-
-    def _materialized(self) -> set:
-        g, out = self.g, set()
-        for node in g.nodes:
-            nid = id(node)
-            if nid in self.em.outputs:
-                out.add(nid)
-                continue
-            for user in self.em.users.get(nid, []):
-                if not g.holds(user):
-                    out.add(nid)
-                elif nid not in g.row_level and g.phase[id(user)] > g.phase[nid]:
-                    out.add(nid)  # a full value read back in a later phase
-        if g.buffer_reductions:
-            out.update(id(n) for n in g.nodes if is_reduction(n))
-        return out
 
     def _externals(self):
         seen = []
@@ -171,7 +184,7 @@ class _Group:
         em, s = self.em, self.ctx.scalar(node)
         if is_reduction(node):
             acc = f"r{self.ctx.index[id(node)]}"
-            em.emit(f"{s} = np.{node.dtype.name}({acc})" if _wide_sum(node) else f"{s} = {acc}",
+            em.emit(f"{s} = np.{node.dtype.name}({acc})" if wide_sum(node) else f"{s} = {acc}",
                     depth)
         else:
             em.emit(f"{s} = {self.expr(node, row_idx)}", depth)
@@ -217,12 +230,9 @@ class _Group:
 
     def _emit_phase(self, phase, idx, row_idx, depth):
         g, em = self.g, self.em
-        members = [n for n in g.nodes if g.phase[id(n)] == phase]
-        full = [n for n in members if id(n) not in g.row_level]
-        reds = [n for n in members if id(n) in g.row_level and is_reduction(n)]
-        rows = [n for n in members if id(n) in g.row_level and not is_reduction(n)]
+        full, reds, rows = phase_members(g, phase)
         for red in reds:
-            acc_dtype = np.dtype(np.float64) if _wide_sum(red) else red.dtype
+            acc_dtype = np.dtype(np.float64) if wide_sum(red) else red.dtype
             init = self.ctx.const(reduce_identity(red, acc_dtype), acc_dtype)
             em.emit(f"r{self.ctx.index[id(red)]} = {init}", depth)
         inner_depth = depth
@@ -240,7 +250,7 @@ class _Group:
             self.emit_row_node(node, row_idx, depth)
 
 
-def _wide_sum(node) -> bool:
+def wide_sum(node) -> bool:
     """float32 row sums accumulate in float64: a long sequential float32 sum loses digits
     (NumPy sums pairwise); the result is rounded back to float32 once."""
     return REGISTRY[node.op].combine == "add" and node.dtype == np.float32

@@ -1,68 +1,23 @@
-"""From a TraceGraph to an Executable: optimize, fuse, lower to Numba, compile.
-
-Compiled kernels are shared by structure: a graph that differs from an earlier
-one only in sizes reuses its size-generic kernel without compiling again.
+"""From a TraceGraph to a CompileResult: reroll loops, differentiate, optimize, then ask
+the runtime's pipeline (runtime.pipeline) for a compiled Executable from the chosen
+backend (runtime.backends: "numba" or "llvm").
 """
 
-import math
 import time
 
 from compiler.autodiff import inputs_read_by_vjps, reaching
-from compiler.lowering.node_rules import large_product, view_root
-from compiler.lowering.numba_codegen import (
-    PARALLEL_THRESHOLD,
-    LoweringError,
-    check_supported,
-    kernel_budget,
-    lower,
-)
+from compiler.errors import LoweringError
 from compiler.partition import split_gradient
 from compiler.passes.manager import optimize as run_passes
 from compiler.reroll import reroll
-from runtime.cache import KERNELS as _KERNELS
-from runtime.executor import Executable
-from runtime.numba_engine import compile_program
+from runtime.pipeline import compile_graph
 
-from .dynamic import loop_dims, loop_trips, program_key
-
-
-def _mathlib():
-    """name_f32 -> vectorizable jitted scalar function, from compiler.lowering.mathlib.
-
-    Imported at the first compile, not with hybridnet: it imports Numba (about 0.15 s),
-    which eager-only use never needs."""
-    from compiler.lowering import mathlib
-    return dict(mathlib.LOWERING)
+from .dynamic import loop_dims, loop_trips
 
 
 def optimize(graph):
     """Run the default pass pipeline (a report per pass)."""
     return run_passes(graph)
-
-
-def _aliased_results(outputs, fresh, owned=(), saved_from=None) -> list:
-    """Outputs the kernel may return as (views of) an input, a constant or another output
-    where eager had an array of its own (x + 0 simplified to x, say): copied. Checked:
-    the results (the first len(fresh) outputs, where `fresh`) and the outputs `owned`
-    (values the call assigns to .grad), against each other and the saved values (outputs
-    from `saved_from` on, which the backward reads later)."""
-    roots = [view_root(o) for o in outputs]
-    copies = []
-    for k, r in enumerate(roots[:len(fresh)]):
-        if not fresh[k]:
-            continue
-        shared = any(q is r for j, q in enumerate(roots[:len(fresh)])
-                     if j != k and (j < k or not fresh[j]))
-        if shared or r.op in ("input", "const"):
-            copies.append(k)
-    checked = set(range(len(fresh))) | set(owned)
-    if saved_from is not None:
-        checked |= set(range(saved_from, len(outputs)))
-    for k in owned:
-        r = roots[k]
-        if r.op in ("input", "const") or any(roots[j] is r for j in checked if j != k):
-            copies.append(k)
-    return copies
 
 
 class CompileResult:
@@ -79,9 +34,11 @@ class CompileResult:
         self.backward = None  # Backward, for a trace whose results carry gradients
         self.loop_trips = ()  # the trip counts of its loops that iterate over sizes
         self.loop_dims = {}  # (flat argument, dim) -> trip counts of the loops slicing it
+        self.backend = "numba"  # the backend that compiled it
+        self.fallback = None  # why the chosen backend passed it to numba, if it did
 
 
-def compile_trace(tg, dynamic) -> CompileResult:
+def compile_trace(tg, dynamic, backend="numba") -> CompileResult:
     """Compile a TraceGraph; raises LoweringError when the backend cannot take it.
 
     A trace whose results carry gradients (`tg.grad_results`) compiles its forward and
@@ -96,25 +53,38 @@ def compile_trace(tg, dynamic) -> CompileResult:
         reach = [r for r in reach if r]
         _refuse_updated_saved_inputs(tg)
         wrt = [tg.graph.inputs[i] for i in tg.grad_inputs]
-        split, report = split_gradient(tg.graph, wrt, tg.grad_results, tg.blocked)
+        split, report = split_gradient(tg.graph, wrt, tg.grad_results, tg.blocked,
+                                       roll=_roll(backend, dynamic))
         forward = split.forward
     else:
-        forward, report = optimize(reroll(tg.graph)[0])
-    exe, kernel, program, reused = _compile_graph(
+        forward, report = optimize(reroll(tg.graph)[0] if _roll(backend, dynamic)
+                                   else tg.graph)
+    exe, kernel, program, reused, fallback = compile_graph(
         forward, dynamic, tg.n_results, tg.guards, tg.writebacks, tg.fresh,
         [k for _, k, same, _ in tg.grad_writes if k is not None and same is None],
-        len(tg.graph.outputs) if tg.grad_results else None)
+        len(tg.graph.outputs) if tg.grad_results else None, backend=backend)
     result = CompileResult(exe, forward, program, kernel, report, reused, 0.0)
+    result.backend = "numba" if fallback or backend == "numba" else backend
+    result.fallback = fallback
     result.loop_trips = loop_trips(forward)
     result.loop_dims = loop_dims(tg, forward)
     if tg.grad_results:
         n = len(split.backward.outputs)
-        bexe, bkernel, bprogram, breused = _compile_graph(
-            split.backward, dynamic, n, (), (), [True] * n)
+        bexe, bkernel, bprogram, breused, bfallback = compile_graph(
+            split.backward, dynamic, n, (), (), [True] * n, backend=backend)
         result.backward = Backward(split, bexe, bkernel, bprogram, breused,
                                    inputs_read_by_vjps(tg.graph), reach)
+        result.backward.fallback = bfallback
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _roll(backend, dynamic) -> bool:
+    """Reroll repeated steps into loop nodes? Not for the llvm backend with dynamic=False:
+    it compiles exact shapes (one specialization per length anyway) and has no loop node
+    yet, so it takes the unrolled steps, which it compiles in time linear in their count,
+    instead of handing the loop to numba."""
+    return not (backend == "llvm" and dynamic is False)
 
 
 def _refuse_updated_saved_inputs(tg):
@@ -139,42 +109,6 @@ class Backward:
         # graph inputs eager's vjps would read (updated in place before the backward, it
         # raises as eager does)
         self.saved_inputs = saved_inputs
-
-
-def _compile_graph(optimized, dynamic, n_results, guards, writebacks, fresh, owned=(),
-                   saved_from=None):
-    """Lower and compile one optimized graph (or reuse a kernel of the same structure)."""
-    check_supported(optimized)
-    big = max((math.prod(n.shape) for n in optimized.nodes), default=0) >= PARALLEL_THRESHOLD
-    budget = kernel_budget()  # programs split under another budget are other kernels
-    threaded = large_product(optimized)  # (BLAS threads: part of the kernel, compiler.blas)
-    generic_key = (optimized.structural_hash(exact_shapes=False), big, budget, threaded)
-    exact_key = (optimized.structural_hash(exact_shapes=True), big, budget, threaded)
-    cached = _KERNELS.get(generic_key) if dynamic is not False else None
-    if cached is None or not cached[1].shape_generic:
-        cached = _KERNELS.get(exact_key)
-    reused = cached is not None
-    if cached is None:
-        program = lower(optimized, _mathlib(), parallel=big, budget=budget)
-        # (graphs that differ only in sizes the code never names lower to the same source)
-        source_key = ("source",) + program_key(program)
-        cached = _KERNELS.get(source_key) if dynamic is not False else None
-        reused = cached is not None
-        if cached is None:
-            kernel = compile_program(program)
-            _KERNELS.put(source_key, (kernel, program))
-        else:
-            kernel, program = cached
-        key = generic_key if program.shape_generic else exact_key
-        _KERNELS.put(key, (kernel, program))
-        _KERNELS.setdefault(generic_key, (kernel, program))
-    else:
-        kernel, program = cached
-    scalar_in = [i for i, n in enumerate(optimized.inputs) if not len(n.shape)]
-    scalar_out = [i for i, n in enumerate(optimized.outputs[:n_results]) if not len(n.shape)]
-    copies = _aliased_results(optimized.outputs, fresh, owned, saved_from)
-    exe = Executable(kernel, n_results, guards, writebacks, scalar_in, scalar_out, copies)
-    return exe, kernel, program, reused
 
 
 __all__ = ["compile_trace", "CompileResult", "LoweringError"]

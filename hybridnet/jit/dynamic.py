@@ -15,9 +15,9 @@ than by looping over it (`if len(xs) > 50: ...`) takes the branch the traced len
 took. Such functions should pass `dynamic=False`.
 """
 
-import numpy as np
 
 from compiler.loop import is_loop, traced_trip
+from runtime.pipeline import program_key
 
 
 def loop_trips(graph) -> tuple:
@@ -130,31 +130,6 @@ def _same_kernel(a, b) -> bool:
         return True
     pa, pb = a.program, b.program
     return program_key(pa) == program_key(pb)
-
-
-def program_key(program) -> tuple:
-    """A generated program by content: its code (comments aside, which name the trace's
-    types), driver, globals (arrays by bytes, other objects by identity) and the flags
-    its kernel is compiled and run with (BLAS threads, parallel...)."""
-    flags = tuple(bool(getattr(program, f, False)) for f in (
-        "large_products", "parallel", "uses_blas", "shape_generic", "single_output", "may_exit"))
-    return (_code(program.source), program.driver, globals_key(program.globals), flags)
-
-
-def _code(source) -> str:
-    return "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("#"))
-
-
-def globals_key(globals_) -> tuple:
-    items = []
-    for name, value in sorted(globals_.items()):
-        if isinstance(value, np.ndarray):
-            items.append((name, value.dtype.str, value.shape, value.tobytes()))
-        elif isinstance(value, np.generic):
-            items.append((name, value.dtype.str, value.tobytes()))
-        else:
-            items.append((name, id(value)))
-    return tuple(items)
 
 
 def _interface(tg) -> tuple:

@@ -49,6 +49,10 @@ class ExplainReport:
 def _trace_lines(j, tr):
     lines = [f"   trace {j}: {len(tr['guards'])} guards, compiled in "
              f"{tr['compile_seconds']:.3f}s{' (kernel reused)' if tr['reused'] else ''}"]
+    lines.append(f"     backend: {tr['backend']}; compile phases: " + ", ".join(
+        f"{k} {v * 1e3:.1f}ms" for k, v in tr["phases"].items()))
+    if tr["backend_fallback"]:
+        lines.append(f"     backend fallback: {tr['backend_fallback']}")
     for g in tr["guards"]:
         lines.append(f"     guard: {g}")
     lines.append("     captured graph:")
@@ -101,10 +105,27 @@ def _trace_dict(tr) -> dict:
         "graph": str(tr.tg.graph), "optimized": str(res.optimized), "guards": guards,
         "passes": [{k: p[k] for k in ("name", "seconds", "changed")} for p in res.pass_report],
         "kernels": describe_units(res.program.units), "source": res.kernel.source,
-        "compile_seconds": res.seconds + res.kernel.compile_seconds, "reused": res.reused,
+        "compile_seconds": res.seconds + (0.0 if res.backend == "llvm" else
+                                          res.kernel.compile_seconds),
+        "reused": res.reused, "backend": res.backend, "backend_fallback": res.fallback,
+        "phases": _phases(res),
         "writebacks": len(tr.tg.writebacks), "backward": _backward_dict(res.backward),
         "loops": describe_loops(res.optimized),
     }
+
+
+def _phases(res) -> dict:
+    """Seconds per compile phase: the graph passes, then the backend's own (llvm: lower,
+    llvm_parse, llvm_optimize, machine_code, load; or load alone from the disk cache)."""
+    phases = {"optimize": sum(p["seconds"] for p in res.pass_report)}
+    if res.reused:
+        phases["kernel reused"] = 0.0
+    elif res.backend == "llvm":
+        phases.update(res.kernel.phases)
+    else:
+        phases["numba compile" + (" (disk cache)" if getattr(res.kernel, "from_disk", False)
+                                  else "")] = res.kernel.compile_seconds
+    return phases
 
 
 def _backward_dict(bwd):

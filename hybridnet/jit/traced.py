@@ -15,6 +15,7 @@ import os
 import time
 import types
 
+from runtime.backends import get_backend
 from runtime.cache import SpecializationCache
 from runtime.executor import Outcome
 
@@ -78,9 +79,9 @@ class TracedFunction:
     Attributes: `stats` (live counters), `specializations` (per static key).
     """
 
-    def __init__(self, fn, backend="numba", dynamic=None, cache_limit=8):
-        if backend != "numba":
-            raise ValueError(f"trace: unknown backend {backend!r}; available: 'numba'")
+    def __init__(self, fn, backend=None, dynamic=None, cache_limit=8):
+        backend = default_backend() if backend is None else backend
+        get_backend(backend)  # (a ValueError names the available ones)
         if cache_limit < 1:
             raise ValueError(f"trace: cache_limit must be >= 1, got {cache_limit}")
         self.fn = fn
@@ -273,13 +274,17 @@ class TracedFunction:
 
     def _compile_into(self, entry, tg, args, kwargs, flat):
         try:
-            res = compile_trace(tg, self.dynamic)
+            res = compile_trace(tg, self.dynamic, self.backend)
         except LoweringError as exc:
             entry.fallback = str(exc)
             self._hot = [e for e in self._hot if e is not entry]
             self.stats.fallbacks += 1
             self.stats.event("fallback", str(exc))
             return
+        if res.kernel.compiled:  # (compiled already, the llvm backend: counted now)
+            self.stats.compile_seconds += res.seconds
+        if res.fallback:
+            self.stats.event("backend_fallback", res.fallback)
         if res.reused:
             self.stats.kernel_reuses += 1
             self.stats.event("kernel_reuse", "same graph structure: size-generic kernel reused")
@@ -509,8 +514,18 @@ def _describe_inputs(key) -> str:
     return f"(inputs {shapes})" if shapes else ""
 
 
-def trace(fn=None, *, backend="numba", dynamic=None, cache_limit=8):
+def default_backend() -> str:
+    """HYBRIDNET_BACKEND if set ("numba" or "llvm"), else "numba"."""
+    return os.environ.get("HYBRIDNET_BACKEND", "").strip() or "numba"
+
+
+def trace(fn=None, *, backend=None, dynamic=None, cache_limit=8):
     """Compile `fn` (a function of tensors, or an hn.nn.Module) with the tracing JIT.
+
+    `backend`: "numba" (generated loops compiled by Numba) or "llvm" (LLVM IR from
+    llvmlite: compiles in milliseconds, exact shapes, object code cached on disk; a graph
+    it cannot lower is compiled by numba, and `hn.explain` says why). None: the
+    HYBRIDNET_BACKEND environment variable, else "numba".
 
     Use as `@hn.trace`, `@hn.trace(cache_limit=4)` or `hn.trace(model)`; a traced module
     still behaves as the module (attributes, `parameters()`, `train()`... pass through).

@@ -1,0 +1,333 @@
+"""Lower an optimized graph to one LLVM IR module for the llvm backend.
+
+The module exports `void hn_entry(i8** bufs, i8** fns)`: `bufs` holds one pointer per
+buffer -- the graph inputs (0-d ones as 1-element arrays), array constants, the outputs
+(allocated by the caller), then the temporaries (slices of one scratch arena) -- and `fns`
+the BLAS routines the kernel calls (SciPy's `cython_blas` sgemm/dgemm), so the object code
+holds no address of this process and can be cached on disk. `hn_entry` passes them to
+`hn_kernel`, whose buffer parameters are `noalias`: outputs and temporaries are fresh
+memory, inputs are only read. Fused `LoopGroup`s become loop nests
+(compiler.lowering.llvm_groups); views (reshape, permute, slice) are strides, not copies;
+matmul calls BLAS; cat and pad_slice are copy loops. Shapes are the traced ones: the
+backend compiles exact shapes (`shape_generic=False`). An op or dtype with no rule raises
+LoweringError, and the trace takes the Numba backend instead (compiler.lowering.llvm_emit
+is pure Python: its output is testable as text).
+"""
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from llvmlite import ir
+
+from ..errors import LoweringError
+from ..ir import pad_shape as _pad
+from ..loop import is_loop
+from ..passes.fusion import LoopGroup, partition
+from . import llvm_scalar as S
+from .llvm_buf import I8P, I32, I64, Buf, contiguous
+from .llvm_groups import LLGroup
+from .llvm_nodes import NODE_RULES
+
+ENTRY = "hn_entry"
+GEMM = {np.dtype(np.float32): "sgemm", np.dtype(np.float64): "dgemm"}
+
+
+@dataclass
+class LLProgram:
+    """What the llvm engine needs to compile and call a lowered graph."""
+
+    source: str  # the module's IR text (also what `.source` and `.llvm_ir` show first)
+    inputs: list  # (padded shape, dtype) per graph input
+    consts: list  # arrays passed after the inputs
+    outputs: list  # (padded shape, dtype) per output
+    temps: list  # bytes of each temporary
+    fns: list  # BLAS routine names, in `fns` order
+    units: list
+    notes: list = field(default_factory=list)
+    entry: str = ENTRY
+    shape_generic: bool = False
+    uses_blas: bool = False
+    large_products: bool = False
+    single_output: bool = False
+    may_exit: bool = False
+    parallel: bool = False
+    split_rows: int = 0  # > 0: threads share dim 0's rows (split_rows)
+    chunks: list = field(default_factory=list)
+    driver: str = ""
+    globals: dict = field(default_factory=dict)
+    cost: int = 0
+
+
+class _Kernel:
+    """One emission of hn_kernel (run twice: the first pass counts the temporaries)."""
+
+    def __init__(self, graph, units, n_temps):
+        self.graph, self.units = graph, units
+        self.users = graph.users()
+        self.outputs = {id(o) for o in graph.outputs}
+        self.module = ir.Module(name="hybridnet")
+        self.consts = [n for n in graph.nodes if n.op == "const" and np.ndim(n.attrs["value"])]
+        self.fn_names = []
+        n_bufs = len(graph.inputs) + len(self.consts) + len(graph.outputs) + n_temps
+        self.n_bufs = n_bufs
+        # buffers, BLAS pointers, then the rows [lo, hi) of dim 0 a parallel kernel runs
+        fnty = ir.FunctionType(ir.VoidType(), [I8P] * n_bufs + [I8P.as_pointer(), I64, I64])
+        self.fn = ir.Function(self.module, fnty, "hn_kernel")
+        self.fn.linkage = "internal"
+        for arg in self.fn.args[:n_bufs]:
+            arg.add_attribute("noalias")
+        entry = self.fn.append_basic_block("entry")
+        self.alloca_block = ir.IRBuilder(entry)
+        self.b = ir.IRBuilder(self.fn.append_basic_block("body"))
+        self.bufs = {}
+        self.split = 0  # rows of dim 0 the threads share (0: one thread, all rows)
+        self.serial_only = False  # emitted code outside the row loops (no split then)
+        self.claimed = set()
+        self.temps = []
+        self.n_temps = n_temps
+        self._first_temp = len(graph.inputs) + len(self.consts) + len(graph.outputs)
+
+    # -- buffers ---------------------------------------------------------------------------
+
+    def _typed(self, k, dtype):
+        ptr = self.fn.args[k] if k < self.n_bufs else ir.Constant(I8P, None)
+        return self.alloca_block.bitcast(ptr, S.ir_type(dtype, memory=True).as_pointer())
+
+    def bind_sources(self):
+        g = self.graph
+        for k, node in enumerate(g.inputs):
+            self.bufs[id(node)] = self._plain(k, node)
+        for k, node in enumerate(self.consts):
+            self.bufs[id(node)] = self._plain(len(g.inputs) + k, node)
+
+    def _plain(self, k, node):
+        shape = _pad(node.shape)
+        return Buf(self._typed(k, node.dtype), np.dtype(node.dtype), shape, contiguous(shape))
+
+    def buffer(self, node) -> Buf:
+        found = self.bufs.get(id(node))
+        if found is None:
+            if node.op == "const":
+                return self._const_buffer(node)
+            raise LoweringError(f"{node.op}: its value has no buffer in the llvm kernel")
+        return found
+
+    def _const_buffer(self, node):
+        self.serial_only = True
+        buf = self.new_buffer(node)
+        self.fill(buf, S.constant(node.attrs["value"], node.dtype))
+        return buf
+
+    def new_buffer(self, node, shape=None) -> Buf:
+        """A contiguous buffer for `node`: its output slot if it is a graph output not yet
+        claimed, else a new temporary."""
+        shape = _pad(node.shape if shape is None else shape)
+        k = None
+        if shape == _pad(node.shape):
+            for j, out in enumerate(self.graph.outputs):
+                if out is node and j not in self.claimed:
+                    self.claimed.add(j)
+                    k = len(self.graph.inputs) + len(self.consts) + j
+                    break
+        if k is None:
+            k = self._first_temp + len(self.temps)
+            self.temps.append(math.prod(shape) * np.dtype(node.dtype).itemsize)
+        buf = Buf(self._typed(k, node.dtype), np.dtype(node.dtype), shape, contiguous(shape))
+        self.bufs[id(node)] = buf
+        return buf
+
+    def address(self, buf, at):
+        b = self.b
+        offset = I64(buf.offset)
+        for i, stride in zip(at, buf.strides):
+            if i is not None and stride:
+                offset = b.add(offset, b.mul(i, I64(stride)) if stride != 1 else i)
+        return b.gep(buf.ptr, [offset], inbounds=True)
+
+    def load(self, buf, at):
+        value = self.b.load(self.address(buf, at), align=buf.dtype.itemsize)
+        return S.from_memory(self.b, value, buf.dtype)
+
+    def store(self, buf, at, value):
+        self.b.store(S.to_memory(self.b, value, buf.dtype), self.address(buf, at),
+                     align=buf.dtype.itemsize)
+
+    def alloca(self, ty):
+        return self.alloca_block.alloca(ty)
+
+    def rows(self):
+        """The (lo, hi) IR values bounding dim 0 of every group in a parallel kernel."""
+        return self.fn.args[self.n_bufs + 1], self.fn.args[self.n_bufs + 2]
+
+    @contextlib.contextmanager
+    def loop(self, n, start=None):
+        """`for i in range(start, n)` (n a constant or an i64 value, start 0 or a value):
+        yields the i64 index."""
+        b = self.b
+        n = n if isinstance(n, ir.Value) else I64(n)
+        pre = b.block
+        head, body = self.fn.append_basic_block("loop"), self.fn.append_basic_block("body")
+        end = self.fn.append_basic_block("done")
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(I64)
+        i.add_incoming(I64(0) if start is None else start, pre)
+        b.cbranch(b.icmp_signed("<", i, n), body, end)
+        b.position_at_end(body)
+        yield i
+        i.add_incoming(b.add(i, I64(1), flags=("nsw", "nuw")), b.block)
+        b.branch(head)
+        b.position_at_end(end)
+
+    def each(self, shape, body):
+        """body(indices) over every index of `shape` (nested constant loops)."""
+        def go(j, idx):
+            if j == len(shape):
+                body(idx)
+                return
+            with self.loop(shape[j]) as i:
+                go(j + 1, idx + [i])
+        go(0, [])
+
+    def fill(self, buf, value):
+        self.each(buf.shape, lambda idx: self.store(buf, idx, value))
+
+    def copy(self, dst, src):
+        """dst[...] = src[...] elementwise (same shape; converts dtype)."""
+        def body(idx):
+            v = S.convert(self.b, self.load(src, idx), src.dtype, dst.dtype)
+            self.store(dst, idx, v)
+        self.each(dst.shape, body)
+
+    # -- units -----------------------------------------------------------------------------
+
+    def emit_units(self):
+        for unit in self.units:
+            if isinstance(unit, LoopGroup):
+                LLGroup(self, unit).emit()
+                continue
+            node = unit.node
+            rule = NODE_RULES.get(node.op)
+            if rule is None:
+                raise LoweringError(f"the llvm backend cannot lower op {node.op!r} yet")
+            rule(self, node)
+
+    def emit_outputs(self):
+        base = len(self.graph.inputs) + len(self.consts)
+        for j, out in enumerate(self.graph.outputs):
+            if j in self.claimed:
+                continue
+            self.serial_only = True
+            shape = _pad(out.shape)
+            dst = Buf(self._typed(base + j, out.dtype), np.dtype(out.dtype), shape,
+                      contiguous(shape))
+            if out.op == "const" and not np.ndim(out.attrs["value"]):
+                self.fill(dst, S.constant(out.attrs["value"], out.dtype))
+            else:
+                self.copy(dst, self.buffer(out))
+
+    def finish(self):
+        self.b.ret_void()
+        self.alloca_block.branch(self.fn.blocks[1])
+
+    def gemm_fn(self, dtype):
+        """The BLAS ?gemm pointer (from `fns`), as a typed function pointer."""
+        name = GEMM[np.dtype(dtype)]
+        if name not in self.fn_names:
+            self.fn_names.append(name)
+        k = self.fn_names.index(name)
+        t = S.ir_type(dtype).as_pointer()
+        ip = I32.as_pointer()
+        fnty = ir.FunctionType(ir.VoidType(), [I8P, I8P, ip, ip, ip, t, t, ip, t, ip, t, t, ip])
+        fns = self.fn.args[self.n_bufs]
+        raw = self.b.load(self.b.gep(fns, [I64(k)]))
+        return self.b.bitcast(raw, fnty.as_pointer())
+
+
+def _entry(module, kernel_fn, n_bufs):
+    fnty = ir.FunctionType(ir.VoidType(), [I8P.as_pointer(), I8P.as_pointer(), I64, I64])
+    fn = ir.Function(module, fnty, ENTRY)
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    bufs, fns, lo, hi = fn.args
+    ptrs = [b.load(b.gep(bufs, [I64(k)])) for k in range(n_bufs)]
+    b.call(kernel_fn, ptrs + [fns, lo, hi])
+    b.ret_void()
+
+
+# Loop nests of at least this many elements in all split their rows across threads.
+PARALLEL_ELEMENTS = 1 << 20
+
+
+def split_rows(units) -> int:
+    """N when every unit is a loop group whose domain starts with the same N rows, computed
+    row by row (no reduction across dim 0) and big enough to share; else 0. Each thread
+    then runs the whole kernel on its rows [lo, hi): a row of every value depends only
+    on the same row of its inputs (or a broadcast one)."""
+    if not units or not all(isinstance(u, LoopGroup) for u in units):
+        return 0
+    rows = {u.domain[0] if u.domain else None for u in units}
+    if len(rows) != 1 or None in rows or any(u.outer < 1 or u.buffer_reductions
+                                             for u in units):
+        return 0
+    n = rows.pop()
+    work = sum(math.prod(u.domain) for u in units)
+    return n if n >= 2 and work >= PARALLEL_ELEMENTS else 0
+
+
+def _emit(graph, units, n_temps, split=0):
+    k = _Kernel(graph, units, n_temps)
+    k.split = split
+    k.bind_sources()
+    k.emit_units()
+    k.emit_outputs()
+    k.finish()
+    return k
+
+
+def lower_llvm(graph) -> LLProgram:
+    """The IR module and calling convention for `graph` (an optimized clone); raises
+    LoweringError for what the llvm backend cannot lower (the caller falls back)."""
+    check_llvm_supported(graph)
+    units = partition(graph)
+    split = split_rows(units)
+    k = _emit(graph, units, 0, split)  # (counts the temporaries)
+    if k.serial_only:
+        split = 0
+    k = _emit(graph, units, len(k.temps), split)
+    _entry(k.module, k.fn, k.n_bufs)
+    source = str(k.module)
+    program = LLProgram(
+        source, [(_pad(n.shape), np.dtype(n.dtype)) for n in graph.inputs],
+        [np.ascontiguousarray(np.asarray(n.attrs["value"], n.dtype)) for n in k.consts],
+        [(_pad(n.shape), np.dtype(n.dtype)) for n in graph.outputs], list(k.temps),
+        list(k.fn_names), units)
+    # (what program_key compares besides the IR: the calling convention and the constants)
+    program.driver = repr((program.inputs, program.outputs, program.temps, program.fns))
+    program.globals = {f"C{j}": c for j, c in enumerate(program.consts)}
+    program.uses_blas = bool(k.fn_names)
+    program.single_output = len(graph.outputs) == 1
+    program.split_rows = split
+    program.parallel = bool(split)
+    program.cost = source.count("\n")
+    program.notes.append(f"llvm: {len(units)} units, {len(k.temps)} temporaries "
+                         f"({sum(k.temps)} bytes)")
+    return program
+
+
+def check_llvm_supported(graph) -> None:
+    """Raise LoweringError naming the first node the llvm backend cannot take."""
+    for node in graph.nodes:
+        if node.is_source:
+            continue
+        if is_loop(node) or (node.op not in S.RULES and node.op not in NODE_RULES and
+                             node.op not in ("sum", "max", "min")):
+            raise LoweringError(f"the llvm backend cannot lower op {node.op!r} yet")
+        if any(d == 0 for d in node.shape):
+            raise LoweringError(f"{node.op}: size-0 dims are run eagerly ({node.type_str()})")
+        for v in (node, *node.inputs):
+            S.ir_type(v.dtype)
+
+
+__all__ = ["lower_llvm", "LLProgram", "check_llvm_supported", "ENTRY", "Buf", "contiguous"]
