@@ -19,6 +19,7 @@ import math
 import time
 
 from compiler.errors import LoweringError
+from compiler.lowering.llvm_program import check_llvm_supported
 from compiler.lowering.node_rules import large_product
 from compiler.lowering.numba_codegen import (
     PARALLEL_THRESHOLD,
@@ -26,8 +27,9 @@ from compiler.lowering.numba_codegen import (
     kernel_budget,
     lower,
 )
+from compiler.passes.fusion import partition
 
-from .llvm_engine import compile_llvm
+from .llvm_engine import compile_llvm, graph_key, load_cached
 from .numba_engine import compile_program
 
 
@@ -84,28 +86,38 @@ class NumbaBackend(Backend):
 
 
 class LLVMBackend(Backend):
-    """LLVM IR from llvmlite, O3, MCJIT, object code cached on disk (exact shapes)."""
+    """LLVM IR from llvmlite, O3, a shared library (or MCJIT), cached on disk by the
+    graph (exact shapes)."""
 
     name = "llvm"
     exact_shapes = True
 
     def check(self, graph):
-        from compiler.lowering.llvm_emit import check_llvm_supported
         check_llvm_supported(graph)
 
     def cache_key(self, graph, dynamic):
         return ("llvm", large_product(graph))
+
+    def load(self, graph):
+        """(kernel, program) from the disk cache, before anything is lowered; or None."""
+        kernel = load_cached(graph, partition(graph), graph_key(graph))
+        if kernel is None:
+            return None
+        kernel.program.large_products = kernel.program.uses_blas and large_product(graph)
+        kernel.refresh()
+        return kernel, kernel.program
 
     def lower(self, graph):
         from compiler.lowering.llvm_emit import lower_llvm
         start = time.perf_counter()
         program = lower_llvm(graph)
         program.large_products = program.uses_blas and large_product(graph)
+        program.key = graph_key(graph)
         program.lower_seconds = time.perf_counter() - start
         return program
 
     def compile(self, program):
-        kernel = compile_llvm(program)
+        kernel = compile_llvm(program, program.key)
         kernel.phases = {"lower": getattr(program, "lower_seconds", 0.0), **kernel.phases}
         return kernel
 

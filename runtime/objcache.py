@@ -1,19 +1,23 @@
-"""The llvm backend's object-code cache on disk: a new process loads machine code instead
-of compiling it.
+"""The llvm backend's machine-code cache on disk: a new process loads compiled code
+instead of compiling it.
 
-An entry is one file `o_<key>.bin` under `<HYBRIDNET_CACHE_DIR>/objects/` (default
-~/.cache/hybridnet; HYBRIDNET_CACHE=0 turns every disk cache off). The key hashes what
-the code depends on: the IR text, the hybridnet, llvmlite and LLVM versions, and the
-target CPU with its features. The file holds a magic line, the full key, the length and
-the SHA-256 of the payload, then the object code; anything that does not check out
-(truncated, damaged, another key's entry, another format) is logged, removed and
-rebuilt, never loaded. Writers write a temporary file and rename it over the entry, so
-concurrent processes never see half a file. The folder is bounded
-(HYBRIDNET_CACHE_MAX_MB, default 256): past it, the least recently used entries (by
-modification time, refreshed on every hit) are evicted.
+Entries live under `<HYBRIDNET_CACHE_DIR>/objects/` (default ~/.cache/hybridnet;
+HYBRIDNET_CACHE=0 turns every disk cache off), named by a key that hashes what the code
+depends on (runtime.llvm_engine.graph_key: the graph's structure, the lowering code, the
+llvmlite version, the CPU and its features). Two kinds:
+- a shared library `l_<key>.so` with `l_<key>.json` (the full key, the library's length
+  and SHA-256, and the kernel's calling convention): loaded with ctypes, no LLVM at all;
+- an object file `o_<key>.bin` (magic line, full key, length, SHA-256, object code),
+  loaded into LLVM's MCJIT, where no linker was found to make a library.
+Anything that does not check out (truncated, damaged, another key's entry, another
+format) is logged, removed and rebuilt, never loaded. Writers write a temporary file and
+rename it over the entry (the library before its record), so concurrent processes never
+see half an entry. The folder is bounded (HYBRIDNET_CACHE_MAX_MB, default 256): past it,
+the least recently used entries (by modification time, refreshed on every hit) go.
 """
 
 import hashlib
+import json
 import logging
 import os
 import tempfile
@@ -96,17 +100,65 @@ class ObjectCache:
         path = self._path(key)
         if path is None:
             return False
-        folder = os.path.dirname(path)
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=".o-", suffix=".tmp", dir=folder)
-            with os.fdopen(fd, "wb") as f:
-                f.write(_pack(key, payload))
-            os.replace(tmp, path)
-        except OSError as exc:
-            LOG.warning("hybridnet cache: cannot write %s (%s)", path, exc)
-            return False
+        ok = _write(path, _pack(key, payload))
         self.evict()
-        return True
+        return ok
+
+    # -- shared libraries ---------------------------------------------------------------
+
+    def _lib_paths(self, key):
+        folder = self.folder
+        if folder is None:
+            return None, None
+        stem = os.path.join(folder, f"l_{key[:40]}")
+        return stem + ".so", stem + ".json"
+
+    def get_library(self, key):
+        """(record, path of the checked library) or None."""
+        lib, rec = self._lib_paths(key)
+        if rec is None or not os.path.exists(rec):
+            return None
+        try:
+            with open(rec, "rb") as f:
+                record = json.loads(f.read().decode())
+            with open(lib, "rb") as f:
+                data = f.read()
+            ok = (record.get("key") == key and record.get("size") == len(data) and
+                  record.get("sha256") == hashlib.sha256(data).hexdigest())
+        except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+            ok = False
+        if not ok:
+            LOG.warning("hybridnet cache: discarded damaged or foreign entry %s; rebuilding",
+                        rec)
+            _remove(rec)
+            _remove(lib)
+            return None
+        try:
+            os.utime(rec)
+        except OSError:
+            pass
+        return record, lib
+
+    def discard_library(self, key, why):
+        """Remove a library entry that failed to load (logged)."""
+        lib, rec = self._lib_paths(key)
+        if rec is not None:
+            LOG.warning("hybridnet cache: discarded %s (%s); rebuilding", rec, why)
+            _remove(rec)
+            _remove(lib)
+
+    def put_library(self, key, data: bytes, meta: dict):
+        """Store a library and its record; returns the library's path (None if not
+        stored)."""
+        lib, rec = self._lib_paths(key)
+        if lib is None:
+            return None
+        record = {"key": key, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                  "meta": meta}
+        if not (_write(lib, data) and _write(rec, json.dumps(record).encode())):
+            return None
+        self.evict()
+        return lib
 
     def evict(self, limit=None):
         """Remove least recently used entries until the folder holds at most `limit`
@@ -115,22 +167,42 @@ class ObjectCache:
         folder = self.folder
         if folder is None:
             return 0
-        entries = []
+        entries = {}  # stem -> [mtime of its record or object, total bytes, files]
         for name in os.listdir(folder):
-            if name.startswith("o_") and name.endswith(".bin"):
-                try:
-                    st = os.stat(os.path.join(folder, name))
-                except OSError:
-                    continue
-                entries.append((st.st_mtime, st.st_size, name))
-        total, removed = sum(e[1] for e in entries), 0
-        for _, size, name in sorted(entries):
+            stem, ext = os.path.splitext(name)
+            if not (name.startswith(("o_", "l_")) and ext in (".bin", ".so", ".json")):
+                continue
+            try:
+                st = os.stat(os.path.join(folder, name))
+            except OSError:
+                continue
+            entry = entries.setdefault(stem, [0.0, 0, []])
+            if ext != ".so":
+                entry[0] = st.st_mtime
+            entry[1] += st.st_size
+            entry[2].append(name)
+        total, removed = sum(e[1] for e in entries.values()), 0
+        for _, size, names in sorted(entries.values()):
             if total <= limit:
                 break
-            _remove(os.path.join(folder, name))
+            for name in names:
+                _remove(os.path.join(folder, name))
             total -= size
             removed += 1
         return removed
+
+
+def _write(path, data) -> bool:
+    """Write then rename (no reader sees half a file); False (logged) on failure."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".o-", suffix=".tmp", dir=os.path.dirname(path))
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return True
+    except OSError as exc:
+        LOG.warning("hybridnet cache: cannot write %s (%s)", path, exc)
+        return False
 
 
 def _pack(key, payload) -> bytes:

@@ -80,6 +80,10 @@ def _kernel_for(backend, optimized, dynamic):
         cached = _KERNELS.get(exact_key)
     if cached is not None:
         return cached[0], cached[1], True
+    loaded = backend.load(optimized) if hasattr(backend, "load") else None
+    if loaded is not None:  # (from the disk cache, nothing lowered)
+        _KERNELS.put(exact_key, loaded)
+        return loaded[0], loaded[1], False
     program = backend.lower(optimized)
     # (graphs that differ only in sizes the code never names lower to the same source)
     source_key = ("source", backend.name) + program_key(program)

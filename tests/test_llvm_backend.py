@@ -7,6 +7,7 @@ tests/test_trace_ops.py (its `backend` parameter).
 
 import ctypes
 import os
+import shutil
 import subprocess
 import sys
 import zlib
@@ -55,6 +56,12 @@ def test_ir_is_one_entry_with_noalias_buffers_and_inline_math():
     assert "expf" not in source and "tanhf" not in source  # no libm call: it vectorizes
     ir_text = kernel_of(tf).llvm_ir
     assert "<8 x float>" in ir_text or "<16 x float>" in ir_text or "<4 x float>" in ir_text
+
+
+def test_op_lists_match_the_rule_tables():
+    from compiler.lowering import llvm_nodes, llvm_program, llvm_scalar
+    assert set(llvm_scalar.RULES) == llvm_program.SCALAR_OPS
+    assert set(llvm_nodes.NODE_RULES) == llvm_program.NODE_OPS
 
 
 def test_lowering_is_pure_python_text():
@@ -238,55 +245,80 @@ with hn.no_grad():
     f(x); y = f(x)
 entry = next(iter(f.specializations.values()))
 k = entry.traces[-1].result.kernel
-print(int(k.from_disk), sorted(k.phases), float(np.abs(y.numpy() -
-      (1 / (1 + np.exp(-3 * x.numpy())) - x.numpy())).max()), "numba" in sys.modules)
+llvm = [m for m in ("llvmlite.binding", "llvmlite.ir", "numba") if m in sys.modules]
+print(int(k.from_disk), ",".join(sorted(k.phases)), float(np.abs(y.numpy() -
+      (1 / (1 + np.exp(-3 * x.numpy())) - x.numpy())).max()), ",".join(llvm) or "-")
 """
 
 
-def _child(cache_dir, **env):
+def _child(cache_dir, linker=True, **env):
     env = dict(os.environ, HYBRIDNET_CACHE_DIR=str(cache_dir), PYTHONPATH=ROOT, **env)
     env.pop("HYBRIDNET_BACKEND", None)
+    if not linker:  # (no `ld` on the PATH: object code loaded by MCJIT instead)
+        env["PATH"] = ""
     out = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
                          env=env, check=True)
-    disk, *rest = out.stdout.split()
-    return int(disk), " ".join(rest[:-2]), float(rest[-2]), rest[-1] == "True", out.stderr
+    disk, phases, err, modules = out.stdout.split()
+    return int(disk), phases, float(err), modules.split(","), out.stderr
 
 
 def _entries(cache_dir):
+    """The cache's entries: a library's record (.json) or an object file (.bin)."""
     folder = os.path.join(str(cache_dir), "objects")
-    return [os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".bin")]
+    return sorted(os.path.join(folder, f) for f in os.listdir(folder)
+                  if f.endswith((".json", ".bin")))
 
 
-def test_new_process_loads_object_code_without_compiling(tmp_path):
-    disk, phases, err, numba_loaded, _ = _child(tmp_path)
+@pytest.mark.parametrize("linker", [True, False], ids=["library", "object"])
+def test_new_process_loads_machine_code_without_compiling(tmp_path, linker):
+    disk, phases, err, modules, _ = _child(tmp_path, linker)
     assert disk == 0 and "llvm_optimize" in phases and err < 1e-6
-    assert not numba_loaded, "the llvm path never imports numba"
-    assert len(_entries(tmp_path)) == 1
-    disk, phases, err, _, _ = _child(tmp_path)
+    assert "numba" not in modules, "the llvm path never imports numba"
+    (entry,) = _entries(tmp_path)
+    assert entry.endswith(".json" if linker else ".bin")
+    disk, phases, err, modules, _ = _child(tmp_path, linker)
     assert disk == 1 and "llvm_optimize" not in phases and err < 1e-6
+    if linker:  # a warm process loads a library: no LLVM, nothing lowered
+        assert phases == "load" and modules == ["-"], (phases, modules)
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "foreign", "garbage"])
-def test_damaged_entry_is_detected_logged_and_rebuilt(tmp_path, damage):
-    _child(tmp_path)
-    (path,) = _entries(tmp_path)
-    data = open(path, "rb").read()
-    if damage == "truncate":
+def _damage(path, how):
+    """Damage a cache entry (the library behind a record, or an object file)."""
+    target = path[:-5] + ".so" if path.endswith(".json") and how in ("truncate", "flip") \
+        else path
+    data = open(target, "rb").read()
+    if how == "truncate":
         data = data[:len(data) // 2]
-    elif damage == "flip":
+    elif how == "flip":
         data = data[:-10] + bytes([data[-10] ^ 0xFF]) + data[-9:]
-    elif damage == "foreign":  # another key's intact entry under this name
-        cache = ObjectCache(os.path.dirname(path))
-        cache.put("0" * 64, b"\x7fELF not ours")
-        data = open(cache._path("0" * 64), "rb").read()
     else:
         data = b"#!/bin/sh\nrm -rf /\n"
-    with open(path, "wb") as f:
+    with open(target, "wb") as f:
         f.write(data)
-    disk, phases, err, _, stderr = _child(tmp_path)
+
+
+@pytest.mark.parametrize("linker", [True, False], ids=["library", "object"])
+@pytest.mark.parametrize("damage", ["truncate", "flip", "foreign", "garbage"])
+def test_damaged_entry_is_detected_logged_and_rebuilt(tmp_path, damage, linker):
+    _child(tmp_path, linker)
+    (path,) = _entries(tmp_path)
+    if damage == "foreign":  # another key's intact entry under this name
+        cache = ObjectCache(os.path.dirname(path))
+        other = key_of("another graph")
+        if linker:
+            cache.put_library(other, b"\x7fELF not ours", {})
+            lib, rec = cache._lib_paths(other)
+            shutil.copy(rec, path)
+            shutil.copy(lib, path[:-5] + ".so")
+        else:
+            cache.put(other, b"\x7fELF not ours")
+            shutil.copy(cache._path(other), path)
+    else:
+        _damage(path, damage)
+    disk, phases, err, _, stderr = _child(tmp_path, linker)
     assert disk == 0 and err < 1e-6, "rebuilt, and correct"
     assert "damaged or foreign" in stderr
-    disk, _, err, _, _ = _child(tmp_path)
+    disk, _, err, _, _ = _child(tmp_path, linker)
     assert disk == 1 and err < 1e-6, "the rebuilt entry is used next time"
 
 

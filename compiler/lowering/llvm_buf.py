@@ -1,5 +1,6 @@
-"""Arrays inside an llvm kernel: a typed pointer with a static shape, strides and offset
-(a view shares its base's pointer), shared by compiler.lowering.llvm_emit and llvm_nodes.
+"""Arrays inside an llvm kernel: a buffer slot (the index of its pointer among the
+kernel's parameters) with a static shape, strides and offset (a view shares its base's
+slot), shared by compiler.lowering.llvm_emit and llvm_nodes.
 """
 
 from dataclasses import dataclass
@@ -21,10 +22,10 @@ def contiguous(shape) -> tuple:
 
 @dataclass
 class Buf:
-    """An array in the kernel: typed pointer, dtype, padded shape, strides and offset in
-    elements (a view shares its base's pointer)."""
+    """An array in the kernel: buffer slot, dtype, padded shape, strides and offset in
+    elements (a view shares its base's slot)."""
 
-    ptr: object
+    slot: int
     dtype: np.dtype
     shape: tuple
     strides: tuple

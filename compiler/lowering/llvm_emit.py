@@ -16,48 +16,20 @@ is pure Python: its output is testable as text).
 
 import contextlib
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 from llvmlite import ir
 
 from ..errors import LoweringError
 from ..ir import pad_shape as _pad
-from ..loop import is_loop
 from ..passes.fusion import LoopGroup, partition
 from . import llvm_scalar as S
 from .llvm_buf import I8P, I32, I64, Buf, contiguous
 from .llvm_groups import LLGroup
 from .llvm_nodes import NODE_RULES
+from .llvm_program import ENTRY, LLProgram, array_consts, check_llvm_supported
 
-ENTRY = "hn_entry"
 GEMM = {np.dtype(np.float32): "sgemm", np.dtype(np.float64): "dgemm"}
-
-
-@dataclass
-class LLProgram:
-    """What the llvm engine needs to compile and call a lowered graph."""
-
-    source: str  # the module's IR text (also what `.source` and `.llvm_ir` show first)
-    inputs: list  # (padded shape, dtype) per graph input
-    consts: list  # arrays passed after the inputs
-    outputs: list  # (padded shape, dtype) per output
-    temps: list  # bytes of each temporary
-    fns: list  # BLAS routine names, in `fns` order
-    units: list
-    notes: list = field(default_factory=list)
-    entry: str = ENTRY
-    shape_generic: bool = False
-    uses_blas: bool = False
-    large_products: bool = False
-    single_output: bool = False
-    may_exit: bool = False
-    parallel: bool = False
-    split_rows: int = 0  # > 0: threads share dim 0's rows (split_rows)
-    chunks: list = field(default_factory=list)
-    driver: str = ""
-    globals: dict = field(default_factory=dict)
-    cost: int = 0
 
 
 class _Kernel:
@@ -68,19 +40,18 @@ class _Kernel:
         self.users = graph.users()
         self.outputs = {id(o) for o in graph.outputs}
         self.module = ir.Module(name="hybridnet")
-        self.consts = [n for n in graph.nodes if n.op == "const" and np.ndim(n.attrs["value"])]
+        self.consts = array_consts(graph)
         self.fn_names = []
         n_bufs = len(graph.inputs) + len(self.consts) + len(graph.outputs) + n_temps
         self.n_bufs = n_bufs
         # buffers, BLAS pointers, then the rows [lo, hi) of dim 0 a parallel kernel runs
         fnty = ir.FunctionType(ir.VoidType(), [I8P] * n_bufs + [I8P.as_pointer(), I64, I64])
-        self.fn = ir.Function(self.module, fnty, "hn_kernel")
-        self.fn.linkage = "internal"
-        for arg in self.fn.args[:n_bufs]:
-            arg.add_attribute("noalias")
-        entry = self.fn.append_basic_block("entry")
-        self.alloca_block = ir.IRBuilder(entry)
-        self.b = ir.IRBuilder(self.fn.append_basic_block("body"))
+        self.fnty = fnty
+        self.kernel = self._function("hn_kernel")
+        self.kernel_b = ir.IRBuilder(self.kernel.append_basic_block("entry"))
+        self.parts = 0
+        self.fn = self.b = self.alloca_block = None
+        self._ptrs = {}
         self.bufs = {}
         self.split = 0  # rows of dim 0 the threads share (0: one thread, all rows)
         self.serial_only = False  # emitted code outside the row loops (no split then)
@@ -91,9 +62,46 @@ class _Kernel:
 
     # -- buffers ---------------------------------------------------------------------------
 
+    def _function(self, name):
+        fn = ir.Function(self.module, self.fnty, name)
+        fn.linkage = "internal"
+        for arg in fn.args[:self.n_bufs]:
+            arg.add_attribute("noalias")
+        return fn
+
+    # -- kernel parts: the units are emitted into functions of about PART_BUDGET
+    # instructions each (LLVM's optimization time grows faster than linearly with the size
+    # of one function); hn_kernel calls them in order
+
+    def begin_part(self):
+        self.fn = self._function(f"hn_part{self.parts}")
+        self.fn.attributes.add("noinline")
+        self.parts += 1
+        self.alloca_block = ir.IRBuilder(self.fn.append_basic_block("entry"))
+        self.b = ir.IRBuilder(self.fn.append_basic_block("body"))
+        self._ptrs = {}
+
+    def end_part(self):
+        self.b.ret_void()
+        self.alloca_block.branch(self.fn.blocks[1])
+        self.kernel_b.call(self.fn, list(self.kernel.args))
+        self.fn = None
+
+    def part_size(self) -> int:
+        return sum(len(block.instructions) for block in self.fn.blocks)
+
     def _typed(self, k, dtype):
-        ptr = self.fn.args[k] if k < self.n_bufs else ir.Constant(I8P, None)
-        return self.alloca_block.bitcast(ptr, S.ir_type(dtype, memory=True).as_pointer())
+        return k
+
+    def pointer(self, buf):
+        """The typed pointer of `buf`'s slot in the function being emitted."""
+        key = (buf.slot, buf.dtype)
+        found = self._ptrs.get(key)
+        if found is None:
+            raw = self.fn.args[buf.slot] if buf.slot < self.n_bufs else ir.Constant(I8P, None)
+            found = self._ptrs[key] = self.alloca_block.bitcast(
+                raw, S.ir_type(buf.dtype, memory=True).as_pointer())
+        return found
 
     def bind_sources(self):
         g = self.graph
@@ -144,7 +152,7 @@ class _Kernel:
         for i, stride in zip(at, buf.strides):
             if i is not None and stride:
                 offset = b.add(offset, b.mul(i, I64(stride)) if stride != 1 else i)
-        return b.gep(buf.ptr, [offset], inbounds=True)
+        return b.gep(self.pointer(buf), [offset], inbounds=True)
 
     def load(self, buf, at):
         value = self.b.load(self.address(buf, at), align=buf.dtype.itemsize)
@@ -204,7 +212,11 @@ class _Kernel:
     # -- units -----------------------------------------------------------------------------
 
     def emit_units(self):
+        self.begin_part()
         for unit in self.units:
+            if self.part_size() > PART_BUDGET:
+                self.end_part()
+                self.begin_part()
             if isinstance(unit, LoopGroup):
                 LLGroup(self, unit).emit()
                 continue
@@ -229,8 +241,8 @@ class _Kernel:
                 self.copy(dst, self.buffer(out))
 
     def finish(self):
-        self.b.ret_void()
-        self.alloca_block.branch(self.fn.blocks[1])
+        self.end_part()
+        self.kernel_b.ret_void()
 
     def gemm_fn(self, dtype):
         """The BLAS ?gemm pointer (from `fns`), as a typed function pointer."""
@@ -241,7 +253,7 @@ class _Kernel:
         t = S.ir_type(dtype).as_pointer()
         ip = I32.as_pointer()
         fnty = ir.FunctionType(ir.VoidType(), [I8P, I8P, ip, ip, ip, t, t, ip, t, ip, t, t, ip])
-        fns = self.fn.args[self.n_bufs]
+        fns = self.fn.args[self.n_bufs]  # (of the part being emitted)
         raw = self.b.load(self.b.gep(fns, [I64(k)]))
         return self.b.bitcast(raw, fnty.as_pointer())
 
@@ -256,6 +268,8 @@ def _entry(module, kernel_fn, n_bufs):
     b.ret_void()
 
 
+# Instructions (before optimization) per kernel part.
+PART_BUDGET = 400
 # Loop nests of at least this many elements in all split their rows across threads.
 PARALLEL_ELEMENTS = 1 << 20
 
@@ -296,38 +310,21 @@ def lower_llvm(graph) -> LLProgram:
     if k.serial_only:
         split = 0
     k = _emit(graph, units, len(k.temps), split)
-    _entry(k.module, k.fn, k.n_bufs)
+    _entry(k.module, k.kernel, k.n_bufs)
     source = str(k.module)
     program = LLProgram(
         source, [(_pad(n.shape), np.dtype(n.dtype)) for n in graph.inputs],
         [np.ascontiguousarray(np.asarray(n.attrs["value"], n.dtype)) for n in k.consts],
         [(_pad(n.shape), np.dtype(n.dtype)) for n in graph.outputs], list(k.temps),
         list(k.fn_names), units)
-    # (what program_key compares besides the IR: the calling convention and the constants)
-    program.driver = repr((program.inputs, program.outputs, program.temps, program.fns))
-    program.globals = {f"C{j}": c for j, c in enumerate(program.consts)}
     program.uses_blas = bool(k.fn_names)
     program.single_output = len(graph.outputs) == 1
     program.split_rows = split
     program.parallel = bool(split)
-    program.cost = source.count("\n")
+    program.finish()
     program.notes.append(f"llvm: {len(units)} units, {len(k.temps)} temporaries "
                          f"({sum(k.temps)} bytes)")
     return program
-
-
-def check_llvm_supported(graph) -> None:
-    """Raise LoweringError naming the first node the llvm backend cannot take."""
-    for node in graph.nodes:
-        if node.is_source:
-            continue
-        if is_loop(node) or (node.op not in S.RULES and node.op not in NODE_RULES and
-                             node.op not in ("sum", "max", "min")):
-            raise LoweringError(f"the llvm backend cannot lower op {node.op!r} yet")
-        if any(d == 0 for d in node.shape):
-            raise LoweringError(f"{node.op}: size-0 dims are run eagerly ({node.type_str()})")
-        for v in (node, *node.inputs):
-            S.ir_type(v.dtype)
 
 
 __all__ = ["lower_llvm", "LLProgram", "check_llvm_supported", "ENTRY", "Buf", "contiguous"]

@@ -15,7 +15,7 @@ from .llvm_buf import I32, I64, Buf, contiguous
 
 def _view(em, node, shape, strides, offset):
     src = em.buffer(node.inputs[0])
-    em.bufs[id(node)] = Buf(src.ptr, src.dtype, _pad(shape), tuple(strides), offset)
+    em.bufs[id(node)] = Buf(src.slot, src.dtype, _pad(shape), tuple(strides), offset)
 
 
 def _contiguous_source(em, node):
@@ -32,7 +32,7 @@ def _contiguous_source(em, node):
 def _reshape(em, node):
     src = _contiguous_source(em, node.inputs[0])
     shape = _pad(node.shape)
-    em.bufs[id(node)] = Buf(src.ptr, src.dtype, shape, contiguous(shape), src.offset)
+    em.bufs[id(node)] = Buf(src.slot, src.dtype, shape, contiguous(shape), src.offset)
 
 
 def _permute(em, node):
@@ -60,7 +60,7 @@ def _pad_slice(em, node):
     em.fill(out, S.constant(0, node.dtype))
     index = node.attrs["index"]
     offset = sum(a * st for (a, _, _), st in zip(index, out.strides))
-    region = Buf(out.ptr, out.dtype, _pad(node.inputs[0].shape),
+    region = Buf(out.slot, out.dtype, _pad(node.inputs[0].shape),
                  tuple(st * c for (_, _, c), st in zip(index, out.strides)), offset)
     em.copy(region, em.buffer(node.inputs[0]))
 
@@ -70,7 +70,7 @@ def _cat(em, node):
     dim, at = node.attrs["dim"], 0
     for x in node.inputs:
         n = x.shape[dim]
-        region = Buf(out.ptr, out.dtype, _pad(x.shape), out.strides,
+        region = Buf(out.slot, out.dtype, _pad(x.shape), out.strides,
                      out.offset + at * out.strides[dim])
         em.copy(region, em.buffer(x))
         at += n
@@ -105,7 +105,7 @@ def _gemm(em, dtype, m, n, k, a, a_t, b, b_t, c, offs=None):
         return slot(ord(ch), ir.IntType(8))
 
     offs = offs or (I64(a.offset), I64(b.offset), I64(c.offset))
-    pa, pb, pc = (bld.gep(buf.ptr, [o]) for buf, o in zip((a, b, c), offs))
+    pa, pb, pc = (bld.gep(em.pointer(buf), [o]) for buf, o in zip((a, b, c), offs))
     bld.call(em.gemm_fn(dtype), [
         char("T" if b_t else "N"), char("T" if a_t else "N"), slot(n), slot(m), slot(k),
         slot(ir.Constant(ty, 1.0), ty), pb, slot(k if b_t else n), pa, slot(m if a_t else k),

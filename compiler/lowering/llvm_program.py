@@ -1,0 +1,107 @@
+"""The record of a graph lowered by the llvm backend (no llvmlite here: a kernel loaded
+from the disk cache is rebuilt from this record without lowering anything).
+"""
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import LoweringError
+from ..loop import is_loop
+
+ENTRY = "hn_entry"
+# The ops the llvm backend lowers (the keys of llvm_scalar.RULES and llvm_nodes.NODE_RULES,
+# and the reductions; a test keeps them equal), and the dtypes it has types for.
+SCALAR_OPS = frozenset({
+    "add", "sub", "mul", "div", "pow", "lt", "le", "gt", "ge", "eq", "ne", "maximum",
+    "minimum", "neg", "abs", "sign", "sigmoid", "exp", "log", "sqrt", "sin", "cos", "tanh",
+    "erf", "where", "cast", "detach", "expand"})
+NODE_OPS = frozenset({"reshape", "permute", "slice", "pad_slice", "cat", "matmul"})
+REDUCTIONS = frozenset({"sum", "max", "min"})
+DTYPE_KINDS = "fbiu"
+
+
+def check_llvm_supported(graph) -> None:
+    """Raise LoweringError naming the first node the llvm backend cannot take (without
+    importing llvmlite: a kernel loaded from the disk cache needs no LLVM)."""
+    ops = SCALAR_OPS | NODE_OPS | REDUCTIONS
+    for node in graph.nodes:
+        if node.is_source:
+            continue
+        if is_loop(node) or node.op not in ops:
+            raise LoweringError(f"the llvm backend cannot lower op {node.op!r} yet")
+        if any(d == 0 for d in node.shape):
+            raise LoweringError(f"{node.op}: size-0 dims are run eagerly ({node.type_str()})")
+        for v in (node, *node.inputs):
+            dt = np.dtype(v.dtype)
+            if dt.kind not in DTYPE_KINDS or (dt.kind == "f" and dt.itemsize not in (4, 8)):
+                raise LoweringError(f"the llvm backend has no type for {dt}")
+
+
+def array_consts(graph) -> list:
+    """The graph's array constants, in the order the kernel takes them."""
+    return [n for n in graph.nodes if n.op == "const" and np.ndim(n.attrs["value"])]
+
+
+@dataclass
+class LLProgram:
+    """What the llvm engine needs to compile and call a lowered graph."""
+
+    source: str  # the module's IR text (also what `.source` and `.llvm_ir` show first)
+    inputs: list  # (padded shape, dtype) per graph input
+    consts: list  # arrays passed after the inputs
+    outputs: list  # (padded shape, dtype) per output
+    temps: list  # bytes of each temporary
+    fns: list  # BLAS routine names, in `fns` order
+    units: list
+    notes: list = field(default_factory=list)
+    entry: str = ENTRY
+    shape_generic: bool = False
+    uses_blas: bool = False
+    large_products: bool = False
+    single_output: bool = False
+    may_exit: bool = False
+    parallel: bool = False
+    split_rows: int = 0  # > 0: threads share dim 0's rows (split_rows)
+    chunks: list = field(default_factory=list)
+    driver: str = ""
+    globals: dict = field(default_factory=dict)
+    cost: int = 0
+
+    def to_meta(self) -> dict:
+        """Plain data for the disk cache (JSON): everything but the constants and units."""
+        return {"source": self.source, "entry": self.entry, "temps": list(self.temps),
+                "inputs": [[list(s), str(d)] for s, d in self.inputs],
+                "outputs": [[list(s), str(d)] for s, d in self.outputs],
+                "fns": list(self.fns), "uses_blas": self.uses_blas,
+                "large_products": self.large_products, "single_output": self.single_output,
+                "split_rows": self.split_rows, "notes": list(self.notes)}
+
+    @classmethod
+    def from_meta(cls, meta, graph, units) -> "LLProgram":
+        """The record of `graph` from `to_meta()` data (constants taken from the graph)."""
+        def typed(rows):
+            return [(tuple(int(d) for d in s), np.dtype(str(d))) for s, d in rows]
+        consts = [np.ascontiguousarray(np.asarray(n.attrs["value"], n.dtype))
+                  for n in array_consts(graph)]
+        p = cls(str(meta["source"]), typed(meta["inputs"]), consts, typed(meta["outputs"]),
+                [int(t) for t in meta["temps"]], [str(f) for f in meta["fns"]], units)
+        p.entry = str(meta["entry"])
+        p.uses_blas, p.large_products = bool(meta["uses_blas"]), bool(meta["large_products"])
+        p.single_output, p.split_rows = bool(meta["single_output"]), int(meta["split_rows"])
+        p.parallel = bool(p.split_rows)
+        p.notes = [str(n) for n in meta["notes"]] + ["loaded from the disk cache"]
+        p.finish()
+        return p
+
+    def finish(self):
+        """Fill in what program_key compares besides the IR: the calling convention and
+        the constants."""
+        self.driver = repr((self.inputs, self.outputs, self.temps, self.fns))
+        self.globals = {f"C{j}": c for j, c in enumerate(self.consts)}
+        self.cost = self.source.count("\n")
+
+
+def dumps(meta) -> bytes:
+    return json.dumps(meta, sort_keys=True).encode()

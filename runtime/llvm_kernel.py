@@ -1,0 +1,202 @@
+"""Calling llvm-compiled kernels: one ctypes call of `hn_entry(bufs, fns, lo, hi)` per
+traced call, and the threads that share a big kernel's rows.
+
+A call gathers the buffer pointers of its arrays (inputs checked for shape and dtype and
+made C-contiguous, outputs and one scratch arena allocated with NumPy) into one pointer
+array; `fns` holds SciPy's BLAS ?gemm pointers (`scipy.linalg.cython_blas`), so the
+machine code names no address of this process. ctypes releases the GIL during the call.
+"""
+
+import ctypes
+import hashlib
+import importlib.machinery
+import importlib.util
+import itertools
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from compiler import blas
+
+_ALIGN = 64
+
+
+def program_digest(program) -> str:
+    """The name part of a program's entry symbol: a hash of its IR."""
+    return hashlib.sha256(program.source.encode()).hexdigest()[:24]
+
+
+def _cython_blas():
+    """scipy.linalg.cython_blas, loaded on its own when scipy.linalg is not imported yet:
+    importing scipy.linalg takes ~0.3 s, the extension module alone ~7 ms. It is
+    registered under its own name, so a later `import scipy.linalg` uses it."""
+    name = "scipy.linalg.cython_blas"
+    if name in sys.modules:
+        return sys.modules[name]
+    try:
+        spec = importlib.util.find_spec("scipy")
+        folder = os.path.join(spec.submodule_search_locations[0], "linalg")
+        path = next(os.path.join(folder, f"cython_blas{suffix}")
+                    for suffix in importlib.machinery.EXTENSION_SUFFIXES
+                    if os.path.exists(os.path.join(folder, f"cython_blas{suffix}")))
+        loader = importlib.machinery.ExtensionFileLoader(name, path)
+        module = importlib.util.module_from_spec(
+            importlib.util.spec_from_file_location(name, path, loader=loader))
+        loader.exec_module(module)
+        sys.modules[name] = module
+        return module
+    except Exception:  # noqa: BLE001  (any surprise: the ordinary import)
+        sys.modules.pop(name, None)
+        from scipy.linalg import cython_blas
+        return cython_blas
+
+
+def _gemm_pointers(names):
+    """Addresses of SciPy's Fortran BLAS routines, by name."""
+    if not names:
+        return []
+    capi = _cython_blas().__pyx_capi__
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    get_ptr = ctypes.pythonapi.PyCapsule_GetPointer
+    get_ptr.restype, get_ptr.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    out = [get_ptr(capi[name], get_name(capi[name])) for name in names]
+    blas.configure()  # (SciPy's BLAS is loaded now: one thread, as compiler.blas says)
+    return out
+
+
+ENTRY_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                               ctypes.c_int64)
+_POOL = []  # the worker threads parallel kernels share (created at the first one)
+PIECES_PER_THREAD = 4  # rows are handed out in this many pieces per thread
+
+
+def threads() -> int:
+    """Threads a parallel kernel uses: HYBRIDNET_THREADS, else the CPUs this process may
+    run on (2 here): the caller plus threads() - 1 workers, never more."""
+    raw = os.environ.get("HYBRIDNET_THREADS", "").strip()
+    if raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _pool(n):
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="hn-llvm"))
+    return _POOL[0]
+
+
+def run_rows(entry, table, fns, rows):
+    """entry(table, fns, lo, hi) over rows [0, rows) on threads(): pieces are taken from a
+    shared counter, so a thread that waits for a core (a busy neighbour) takes fewer
+    pieces instead of holding the others up. ctypes releases the GIL during each call."""
+    n = min(threads(), rows)
+    if n < 2:
+        entry(table, fns, 0, rows)
+        return
+    pieces = min(rows, n * PIECES_PER_THREAD)
+    bounds = [rows * j // pieces for j in range(pieces + 1)]
+    counter = itertools.count()
+
+    def work():
+        while True:
+            j = next(counter)  # (atomic under the GIL)
+            if j >= pieces:
+                return
+            entry(table, fns, bounds[j], bounds[j + 1])
+    helpers = [_pool(n).submit(work) for _ in range(n - 1)]
+    work()
+    for h in helpers:
+        h.result()
+
+
+class LLVMKernel:
+    """A compiled LLProgram at `address` (the hn_entry of its machine code); call it with
+    the graph's input arrays (like CompiledKernel). `phases`: seconds per compile phase;
+    `from_disk`: loaded from the disk cache; `keep`: what must stay alive for the code
+    (the loaded library)."""
+
+    def __init__(self, program, address, phases, from_disk=False, optimized_ir=None,
+                 keep=None):
+        self.program = program
+        self.source = program.source
+        self.compiled = True
+        self.from_disk = from_disk
+        self.phases = dict(phases)
+        self.compile_seconds = sum(self.phases.values())
+        self.optimized_ir = optimized_ir
+        self._keep = keep
+        self.filename = f"<hybridnet-llvm-{program_digest(program)}>"
+        self._entry = ENTRY_TYPE(address)
+        self._fns = np.array(_gemm_pointers(program.fns) or [0], dtype=np.uintp)
+        self._prepare_layout()
+    def refresh(self):
+        """Take the program's settings again (after the backend changed them)."""
+        self._prepare_layout()
+
+    def _prepare_layout(self):
+        p = self.program
+        offsets, at = [], 0
+        for nbytes in p.temps:
+            offsets.append(at)
+            at += -(-nbytes // _ALIGN) * _ALIGN
+        self._temp_offsets, self._arena = offsets, at + _ALIGN
+        self._inputs = [(tuple(s), d) for s, d in p.inputs]
+        self._outputs = [(tuple(s), d) for s, d in p.outputs]
+        self._consts = [c.__array_interface__["data"][0] for c in p.consts]
+        self._fns_address = self._fns.__array_interface__["data"][0]
+        self._large = bool(p.large_products)  # (refresh() after changing it)
+        self._rows = int(getattr(p, "split_rows", 0))
+        self.fn = self.__call__
+
+    def __call__(self, *arrays):
+        if len(arrays) != len(self._inputs):
+            raise TypeError(f"compiled kernel {self.filename}: {len(arrays)} inputs, "
+                            f"expected {len(self._inputs)}")
+        ptrs = []
+        keep = []
+        for a, (shape, dtype) in zip(arrays, self._inputs):
+            if a.shape != shape or a.dtype != dtype:
+                raise ValueError(f"compiled kernel {self.filename}: input {dtype}"
+                                 f"{list(shape)} got {a.dtype}{list(a.shape)}")
+            if not a.flags.c_contiguous:
+                a = np.ascontiguousarray(a)
+                keep.append(a)
+            ptrs.append(a.__array_interface__["data"][0])
+        ptrs += self._consts
+        outs = [np.empty(shape, dtype) for shape, dtype in self._outputs]
+        ptrs += [o.__array_interface__["data"][0] for o in outs]
+        if self._temp_offsets:
+            arena = np.empty(self._arena, np.uint8)
+            base = arena.__array_interface__["data"][0]
+            base += -base % _ALIGN
+            ptrs += [base + off for off in self._temp_offsets]
+        table = np.array(ptrs, dtype=np.uintp)
+        if self.program.uses_blas:
+            blas.kernel_threads(self._large)
+        address = table.__array_interface__["data"][0]
+        if self._rows:
+            run_rows(self._entry, address, self._fns_address, self._rows)
+        else:
+            self._entry(address, self._fns_address, 0, 0)
+        return outs[0] if self.program.single_output else tuple(outs)
+
+    @property
+    def llvm_ir(self) -> str:
+        """The optimized IR when compiled here; the emitted IR when loaded from the disk
+        cache (the object code holds no IR)."""
+        return self.optimized_ir or self.source
+
+    @property
+    def cache_hits(self) -> int:
+        return int(self.from_disk)
+
+    def __repr__(self) -> str:
+        return f"<LLVMKernel {self.filename} from_disk={self.from_disk}>"
+
+
