@@ -150,13 +150,13 @@ def _const(node, copy, nodes) -> Node:
     return new
 
 
-def split_gradient(graph: Graph, wrt, seeded=None, blocked=frozenset(), roll=True) -> tuple:
+def split_gradient(graph: Graph, wrt, seeded=None, blocked=frozenset()) -> tuple:
     """Forward and backward of `graph` with respect to the nodes `wrt` (seeding the
     outputs at positions `seeded`, default all), optimized together (constant folding,
     simplification and CSE see both; dead values go), then split: returns
-    `(Split, pass report)`. `roll=False` leaves repeated steps unrolled (no loop nodes)."""
+    `(Split, pass report)`."""
     joint = grad_graph(graph, wrt, seeded, blocked)
-    optimized, report = optimize(reroll(joint)[0] if roll else joint)
+    optimized, report = optimize(reroll(joint)[0])
     n_seeds = len(graph.outputs) if seeded is None else len(seeded)
     recompute = os.environ.get("HYBRIDNET_RECOMPUTE") == "1"
     return partition(optimized, len(graph.outputs), n_seeds, recompute), report

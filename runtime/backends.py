@@ -1,6 +1,6 @@
 """The backend interface, and the two backends.
 
-A backend turns an optimized graph into a kernel: `check(graph)` raises LoweringError
+A backend turns an optimized graph into a kernel: `check(graph, dynamic)` raises LoweringError
 for what it cannot take, `lower(graph)` gives a program (generated code plus what the
 runtime needs to call it), `compile(program)` a kernel (`kernel(*arrays)` -> outputs;
 `.fn`, `.compiled`, `.source`, `.llvm_ir`, `.compile_seconds`), `cache_key(graph)` the
@@ -39,7 +39,7 @@ class Backend:
     name = "?"
     exact_shapes = False  # kernels serve only the traced shapes
 
-    def check(self, graph) -> None:
+    def check(self, graph, dynamic=None) -> None:
         raise NotImplementedError
 
     def lower(self, graph):
@@ -64,7 +64,7 @@ class NumbaBackend(Backend):
 
     name = "numba"
 
-    def check(self, graph):
+    def check(self, graph, dynamic=None):
         check_supported(graph)
 
     def _options(self, graph):
@@ -92,8 +92,10 @@ class LLVMBackend(Backend):
     name = "llvm"
     exact_shapes = True
 
-    def check(self, graph):
-        check_llvm_supported(graph)
+    def check(self, graph, dynamic=None):
+        # (a rerolled loop compiles for its traced trip count only: with dynamic=False,
+        # where every length is its own specialization anyway)
+        check_llvm_supported(graph, loops=dynamic is False)
 
     def cache_key(self, graph, dynamic):
         return ("llvm", large_product(graph))

@@ -19,6 +19,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 
 from compiler.lowering import llvm_program
@@ -28,12 +29,21 @@ from .llvm_kernel import LLVMKernel, program_digest
 from .objcache import OBJECTS, key_of
 
 _STATE = {}
+# LLVM's state is global and llvmlite releases the GIL inside it: one compile at a time
+# (threads that trace at once crashed in LLVM without it).
+_LOCK = threading.RLock()
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_CODE_FILES = [os.path.join(_HERE, "llvm_engine.py"), os.path.join(_HERE, "llvm_kernel.py")]
+_CODE_FILES = [os.path.join(_HERE, f) for f in ("llvm_engine.py", "llvm_kernel.py",
+                                                "objcache.py")]
 
 
 def _llvm():
     """llvmlite.binding, initialized once, with the host target machine and the engine."""
+    with _LOCK:
+        return _init_llvm()
+
+
+def _init_llvm():
     if "llvm" not in _STATE:
         import llvmlite.binding as llvm
         llvm.initialize_native_target()
@@ -71,14 +81,15 @@ def host_cpu() -> str:
 
 
 def code_version() -> str:
-    """A hash of the llvm lowering and engine code and the llvmlite version: kernels
-    cached by another version of either are never loaded."""
+    """A hash of the code the kernels depend on (the compiler package: IR, passes, fusion,
+    lowering; this engine) and the llvmlite version: kernels cached by another version
+    of any of them are never loaded."""
     if "code" not in _STATE:
         import llvmlite  # (the package alone: ~1 ms)
 
-        folder = os.path.dirname(os.path.abspath(llvm_program.__file__))
-        files = sorted(os.path.join(folder, f) for f in os.listdir(folder)
-                       if f.startswith(("llvm_", "mathlib_coeffs")) and f.endswith(".py"))
+        root = os.path.dirname(os.path.dirname(os.path.abspath(llvm_program.__file__)))
+        files = sorted(os.path.join(d, f) for d, _, names in os.walk(root) for f in names
+                       if f.endswith(".py"))
         h = hashlib.sha256(llvmlite.__version__.encode())
         for path in files + _CODE_FILES:
             with open(path, "rb") as f:
@@ -178,6 +189,11 @@ def _link(obj, folder) -> bytes:
 
 def compile_llvm(program, key) -> LLVMKernel:
     """Compile an LLProgram, cache it on disk under `key` and load it."""
+    with _LOCK:
+        return _compile(program, key)
+
+
+def _compile(program, key) -> LLVMKernel:
     if not _linker():
         cached = _from_object(program, key)
         if cached is not None:

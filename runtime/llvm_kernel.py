@@ -85,6 +85,15 @@ def threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _forget_pool():
+    """In a forked child: the parent's worker threads do not exist here."""
+    _POOL.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _pool(n):
     if not _POOL:
         _POOL.append(ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="hn-llvm"))
@@ -152,6 +161,7 @@ class LLVMKernel:
         self._fns_address = self._fns.__array_interface__["data"][0]
         self._large = bool(p.large_products)  # (refresh() after changing it)
         self._rows = int(getattr(p, "split_rows", 0))
+        self._same = list(p.same_as) or list(range(len(p.outputs)))
         self.fn = self.__call__
 
     def __call__(self, *arrays):
@@ -169,7 +179,9 @@ class LLVMKernel:
                 keep.append(a)
             ptrs.append(a.__array_interface__["data"][0])
         ptrs += self._consts
-        outs = [np.empty(shape, dtype) for shape, dtype in self._outputs]
+        outs = [np.empty(shape, dtype) if j == same else None
+                for j, ((shape, dtype), same) in enumerate(zip(self._outputs, self._same))]
+        outs = [o if o is not None else outs[self._same[j]] for j, o in enumerate(outs)]
         ptrs += [o.__array_interface__["data"][0] for o in outs]
         if self._temp_offsets:
             arena = np.empty(self._arena, np.uint8)

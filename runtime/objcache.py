@@ -101,7 +101,7 @@ class ObjectCache:
         if path is None:
             return False
         ok = _write(path, _pack(key, payload))
-        self.evict()
+        self.evict(keep=os.path.basename(path)[:-4])
         return ok
 
     # -- shared libraries ---------------------------------------------------------------
@@ -124,7 +124,8 @@ class ObjectCache:
             with open(lib, "rb") as f:
                 data = f.read()
             ok = (record.get("key") == key and record.get("size") == len(data) and
-                  record.get("sha256") == hashlib.sha256(data).hexdigest())
+                  record.get("sha256") == hashlib.sha256(data).hexdigest() and
+                  record.get("meta_sha256") == _digest(record.get("meta")))
         except (OSError, ValueError, UnicodeDecodeError, AttributeError):
             ok = False
         if not ok:
@@ -154,15 +155,16 @@ class ObjectCache:
         if lib is None:
             return None
         record = {"key": key, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-                  "meta": meta}
+                  "meta": meta, "meta_sha256": _digest(meta)}
         if not (_write(lib, data) and _write(rec, json.dumps(record).encode())):
             return None
-        self.evict()
+        self.evict(keep=os.path.basename(rec)[:-5])
         return lib
 
-    def evict(self, limit=None):
+    def evict(self, limit=None, keep=None):
         """Remove least recently used entries until the folder holds at most `limit`
-        bytes (default HYBRIDNET_CACHE_MAX_MB); returns how many were removed."""
+        bytes (default HYBRIDNET_CACHE_MAX_MB), never the entry `keep` (the one just
+        written, which its writer is about to load); returns how many were removed."""
         limit = _max_bytes() if limit is None else limit
         folder = self.folder
         if folder is None:
@@ -182,9 +184,11 @@ class ObjectCache:
             entry[1] += st.st_size
             entry[2].append(name)
         total, removed = sum(e[1] for e in entries.values()), 0
-        for _, size, names in sorted(entries.values()):
+        for stem, (_, size, names) in sorted(entries.items(), key=lambda e: e[1]):
             if total <= limit:
                 break
+            if stem == keep:
+                continue
             for name in names:
                 _remove(os.path.join(folder, name))
             total -= size
@@ -194,6 +198,7 @@ class ObjectCache:
 
 def _write(path, data) -> bool:
     """Write then rename (no reader sees half a file); False (logged) on failure."""
+    tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=".o-", suffix=".tmp", dir=os.path.dirname(path))
         with os.fdopen(fd, "wb") as f:
@@ -202,7 +207,13 @@ def _write(path, data) -> bool:
         return True
     except OSError as exc:
         LOG.warning("hybridnet cache: cannot write %s (%s)", path, exc)
+        if tmp is not None:
+            _remove(tmp)
         return False
+
+
+def _digest(meta) -> str:
+    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
 
 
 def _pack(key, payload) -> bytes:

@@ -49,7 +49,7 @@ def compile_graph(optimized, dynamic, n_results, guards, writebacks, fresh, owne
     chosen = get_backend(backend)
     fallback = None
     try:
-        chosen.check(optimized)
+        chosen.check(optimized, dynamic)
         kernel, program, reused = _kernel_for(chosen, optimized, dynamic)
     except Exception as exc:  # noqa: BLE001  (any failure of another backend: numba runs it)
         if chosen.name == "numba":
@@ -58,13 +58,11 @@ def compile_graph(optimized, dynamic, n_results, guards, writebacks, fresh, owne
             f"failed ({type(exc).__name__}: {str(exc)[:200]})"
         fallback = f"{chosen.name} backend: {what}; compiled by the numba backend instead"
         chosen = get_backend("numba")
-        chosen.check(optimized)
+        chosen.check(optimized, dynamic)
         kernel, program, reused = _kernel_for(chosen, optimized, dynamic)
     scalar_in = [i for i, n in enumerate(optimized.inputs) if not len(n.shape)]
     scalar_out = [i for i, n in enumerate(optimized.outputs[:n_results]) if not len(n.shape)]
-    # (the llvm backend's outputs are always buffers of their own)
-    copies = () if chosen.exact_shapes else \
-        aliased_results(optimized.outputs, fresh, owned, saved_from)
+    copies = aliased_results(optimized.outputs, fresh, owned, saved_from)
     exe = Executable(kernel, n_results, guards, writebacks, scalar_in, scalar_out, copies)
     return exe, kernel, program, reused, fallback
 

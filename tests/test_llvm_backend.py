@@ -395,3 +395,182 @@ def test_reductions_across_rows_stay_serial():
     assert kernel_of(tf).program.split_rows == 0
     with hn.no_grad():
         np.testing.assert_allclose(out.numpy(), x.sum(0).numpy() * 2, rtol=1e-4, atol=1e-3)
+
+
+# ---- loops (dynamic=False: the traced trip count) --------------------------------------
+
+
+def _loop_models():
+    hn.manual_seed(3)
+    cell, gru, lin = hn.nn.LSTMCell(6, 12), hn.nn.GRUCell(6, 12), hn.nn.Linear(12, 1)
+    lstm = hn.nn.LSTM(6, 8, num_layers=2, bidirectional=True)
+
+    def cell_over_time(xs):
+        h, c, outs = hn.zeros(3, 12), hn.zeros(3, 12), []
+        for t in range(xs.shape[0]):
+            h, c = cell(xs[t], (h, c))
+            outs.append(lin(h))
+        return hn.stack(outs).sum() + h.sum()
+
+    def gru_over_list(xs):
+        h = hn.zeros(3, 12)
+        for x in xs:
+            h = gru(x, h)
+        return (h * h).mean()
+
+    def two_layer_bidirectional(xs):
+        out, (h, c) = lstm(xs)
+        return out.tanh().sum() + h[-1].sum() * 0.5 + c.mean()
+
+    params = [*cell.parameters(), *gru.parameters(), *lin.parameters(), *lstm.parameters()]
+    return {"lstmcell-time": (cell_over_time, False), "grucell-list": (gru_over_list, True),
+            "nn.LSTM-2-layer-bidirectional": (two_layer_bidirectional, False)}, params
+
+
+@pytest.mark.parametrize("name,steps", [
+    (name, steps) for name in ("lstmcell-time", "grucell-list") for steps in (1, 2, 7, 30)
+] + [("nn.LSTM-2-layer-bidirectional", steps) for steps in (1, 3)])
+def test_loops_compile_with_llvm_forward_and_backward(name, steps):
+    models, params = _loop_models()
+    fn, as_list = models[name]
+    rng = np.random.default_rng(steps)
+    data = rng.standard_normal((steps, 3, 6)).astype(np.float32)
+    xs = [hn.from_numpy(d) for d in data] if as_list else hn.from_numpy(data)
+    with hn.no_grad():
+        want = fn(xs).numpy()
+    for p in params:
+        p.grad = None
+    fn(xs).backward()
+    want_grads = [None if p.grad is None else p.grad.numpy().copy() for p in params]
+    tf = hn.trace(fn, backend="llvm", dynamic=False)
+    with hn.no_grad():
+        tf(xs)
+        np.testing.assert_allclose(tf(xs).numpy(), want, rtol=1e-5, atol=1e-6)
+    tg = hn.trace(fn, backend="llvm", dynamic=False)
+    tg(xs)
+    for p in params:
+        p.grad = None
+    tg(xs).backward()
+    assert tg.stats.compiled_calls == 1 and tg.stats.compiled_backwards == 1, tg.stats
+    for p, g in zip(params, want_grads):
+        if g is None:
+            assert p.grad is None
+        else:
+            np.testing.assert_allclose(p.grad.numpy(), g, rtol=1e-4, atol=1e-5)
+    for t in (tf, tg):
+        res = next(iter(t.specializations.values())).traces[-1].result
+        assert res.backend == "llvm", res.fallback
+        assert res.backward is None or res.backward.fallback is None, res.backward.fallback
+
+
+def test_loops_with_dynamic_lengths_stay_with_numba():
+    """Without dynamic=False a rerolled loop must serve every length: numba compiles it
+    (size-generic), and the reason is recorded."""
+    models, _ = _loop_models()
+    fn, _ = models["lstmcell-time"]
+    tf, _ = traced_llvm(fn, hn.randn(5, 3, 6))
+    backend, reason = compiled_by(tf)
+    assert backend == "numba" and "dynamic=False" in reason
+
+
+# ---- regressions from the adversarial review ---------------------------------------------
+
+
+def test_values_computed_by_another_group_are_not_split_across_threads():
+    """A row sum (or a computed vector) broadcast along the last dim is read whole by
+    every row: such kernels do not split rows (threads read it while others wrote it)."""
+    rng = np.random.default_rng(11)
+    x = hn.from_numpy(rng.standard_normal((1024, 1024)).astype(np.float32))
+    a = hn.from_numpy(rng.standard_normal(1024).astype(np.float32))
+    for fn, args in ((lambda x: x + x.sum(1), (x,)), (lambda a, x: x * a.exp(), (a, x))):
+        tf, out = traced_llvm(fn, *args)
+        with hn.no_grad():
+            want = fn(*args).numpy()
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-3)
+        assert kernel_of(tf).program.split_rows == 0
+
+
+def _run_py(code, timeout=120, **env):
+    env = dict(os.environ, PYTHONPATH=ROOT, **env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def test_threads_compiling_at_once_do_not_crash(tmp_path):
+    code = """
+import threading, numpy as np, hybridnet as hn
+def worker(k):
+    x = hn.tensor(np.random.default_rng(k).standard_normal((64, 33 + k)).astype(np.float32))
+    c = k + 0.5
+    tf = hn.trace(lambda x: (hn.softmax(x * c, -1) + x.tanh() * c).sum(0), backend="llvm")
+    with hn.no_grad():
+        for _ in range(3):
+            tf(x)
+for rnd in range(3):
+    ts = [threading.Thread(target=worker, args=(rnd * 10 + k,)) for k in range(4)]
+    [t.start() for t in ts]; [t.join() for t in ts]
+print("ok")
+"""
+    proc = _run_py(code, HYBRIDNET_CACHE_DIR=str(tmp_path))
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_split_kernel_runs_in_a_forked_child(tmp_path):
+    code = """
+import os, numpy as np, hybridnet as hn
+f = hn.trace(lambda x: x.softmax(-1), backend="llvm")
+x = hn.from_numpy(np.random.default_rng(0).standard_normal((2048, 600)).astype(np.float32))
+with hn.no_grad():
+    f(x); f(x)
+pid = os.fork()
+if pid == 0:
+    with hn.no_grad():
+        y = f(x)
+    os._exit(0 if abs(float(y.numpy().sum()) - 2048) < 1e-2 else 3)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+"""
+    proc = _run_py(code, timeout=60, HYBRIDNET_CACHE_DIR=str(tmp_path), HYBRIDNET_THREADS="2")
+    assert proc.returncode == 0 and "child 0" in proc.stdout, (proc.stdout, proc.stderr[-2000:])
+
+
+@pytest.mark.parametrize("backend", ["numba", "llvm"])
+def test_bool_arithmetic_and_bool_bytes_as_numpy(backend):
+    b = hn.from_numpy(np.array([[True, False], [True, True], [False, False]]))
+    odd = hn.from_numpy(np.array([1, 0, 2, 255, 0, 4, 1, 254], np.uint8).view(bool))
+    tf = hn.trace(lambda a, c: ((a + a).long(), (a + a).sum(), (a * a).long(),
+                                c.float() * 3, hn.where(c, 1.0, 0.0).sum()), backend=backend)
+    with hn.no_grad():
+        want = [t.numpy() for t in ((b + b).long(), (b + b).sum(), (b * b).long(),
+                                    odd.float() * 3, hn.where(odd, 1.0, 0.0).sum())]
+        tf(b, odd)
+        got = [t.numpy() for t in tf(b, odd)]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_float_to_int_out_of_range_is_numpys_integer_indefinite():
+    x = hn.from_numpy(np.array([np.inf, -np.inf, 1e20, np.nan, 3.7, -3.7, 0.5], np.float32))
+    tf, out = traced_llvm(lambda x: (x == x.long(), x.long()), x)
+    with np.errstate(invalid="ignore"), hn.no_grad():
+        want = (x == x.long()).numpy(), x.long().numpy()
+    np.testing.assert_array_equal(out[0].numpy(), want[0])
+    np.testing.assert_array_equal(out[1].numpy(), want[1])
+
+
+@pytest.mark.parametrize("field", ["outputs", "temps", "inputs"])
+def test_damaged_cache_record_is_rebuilt_not_trusted(tmp_path, field):
+    import json
+    _child(tmp_path)
+    (rec,) = _entries(tmp_path)
+    record = json.load(open(rec))
+    record["meta"][field] = [[[1], "float32"]] if field != "temps" else [4]
+    json.dump(record, open(rec, "w"))
+    disk, _, err, _, stderr = _child(tmp_path)
+    assert disk == 0 and err < 1e-6 and "damaged or foreign" in stderr
+
+
+def test_a_tiny_cache_keeps_the_entry_just_written(tmp_path):
+    disk, phases, err, _, _ = _child(tmp_path, HYBRIDNET_CACHE_MAX_MB="0.001")
+    assert disk == 0 and err < 1e-6 and "llvm_optimize" in phases
+    assert len(_entries(tmp_path)) == 1

@@ -27,7 +27,13 @@ from . import llvm_scalar as S
 from .llvm_buf import I8P, I32, I64, Buf, contiguous
 from .llvm_groups import LLGroup
 from .llvm_nodes import NODE_RULES
-from .llvm_program import ENTRY, LLProgram, array_consts, check_llvm_supported
+from .llvm_program import (
+    ENTRY,
+    LLProgram,
+    array_consts,
+    check_llvm_supported,
+    loop_const_starts,
+)
 
 GEMM = {np.dtype(np.float32): "sgemm", np.dtype(np.float64): "dgemm"}
 
@@ -35,19 +41,25 @@ GEMM = {np.dtype(np.float32): "sgemm", np.dtype(np.float64): "dgemm"}
 class _Kernel:
     """One emission of hn_kernel (run twice: the first pass counts the temporaries)."""
 
-    def __init__(self, graph, units, n_temps):
+    def __init__(self, graph, units, n_temps, module=None, prefix="hn", fn_names=None):
         self.graph, self.units = graph, units
         self.users = graph.users()
         self.outputs = {id(o) for o in graph.outputs}
-        self.module = ir.Module(name="hybridnet")
+        self.module = ir.Module(name="hybridnet") if module is None else module
+        self.prefix = prefix
         self.consts = array_consts(graph)
-        self.fn_names = []
+        self.fn_names = [] if fn_names is None else fn_names  # (shared with loop bodies)
+        self.bodies = {}  # LoopSpec key -> llvm_loop.Body emitted into this module
+        self.const_starts = loop_const_starts(graph)
+        self.sub_emitter = _emit_into
         n_bufs = len(graph.inputs) + len(self.consts) + len(graph.outputs) + n_temps
         self.n_bufs = n_bufs
-        # buffers, BLAS pointers, then the rows [lo, hi) of dim 0 a parallel kernel runs
-        fnty = ir.FunctionType(ir.VoidType(), [I8P] * n_bufs + [I8P.as_pointer(), I64, I64])
+        # the buffer table, the BLAS pointers, the rows [lo, hi) of dim 0 a parallel kernel
+        # runs (a part loads the pointers it uses: a parameter per buffer made LLVM's
+        # interprocedural passes quadratic in the graph size)
+        fnty = ir.FunctionType(ir.VoidType(), [I8P.as_pointer(), I8P.as_pointer(), I64, I64])
         self.fnty = fnty
-        self.kernel = self._function("hn_kernel")
+        self.kernel = self._function(f"{prefix}_kernel")
         self.kernel_b = ir.IRBuilder(self.kernel.append_basic_block("entry"))
         self.parts = 0
         self.fn = self.b = self.alloca_block = None
@@ -65,8 +77,6 @@ class _Kernel:
     def _function(self, name):
         fn = ir.Function(self.module, self.fnty, name)
         fn.linkage = "internal"
-        for arg in fn.args[:self.n_bufs]:
-            arg.add_attribute("noalias")
         return fn
 
     # -- kernel parts: the units are emitted into functions of about PART_BUDGET
@@ -74,16 +84,18 @@ class _Kernel:
     # of one function); hn_kernel calls them in order
 
     def begin_part(self):
-        self.fn = self._function(f"hn_part{self.parts}")
+        self.fn = self._function(f"{self.prefix}_part{self.parts}")
         self.fn.attributes.add("noinline")
         self.parts += 1
         self.alloca_block = ir.IRBuilder(self.fn.append_basic_block("entry"))
         self.b = ir.IRBuilder(self.fn.append_basic_block("body"))
         self._ptrs = {}
+        self._accesses = []  # (load or store, buffer slot)
 
     def end_part(self):
         self.b.ret_void()
         self.alloca_block.branch(self.fn.blocks[1])
+        self._alias_scopes()
         self.kernel_b.call(self.fn, list(self.kernel.args))
         self.fn = None
 
@@ -98,7 +110,11 @@ class _Kernel:
         key = (buf.slot, buf.dtype)
         found = self._ptrs.get(key)
         if found is None:
-            raw = self.fn.args[buf.slot] if buf.slot < self.n_bufs else ir.Constant(I8P, None)
+            if buf.slot < self.n_bufs:
+                table = self.fn.args[0]
+                raw = self.alloca_block.load(self.alloca_block.gep(table, [I64(buf.slot)]))
+            else:
+                raw = ir.Constant(I8P, None)
             found = self._ptrs[key] = self.alloca_block.bitcast(
                 raw, S.ir_type(buf.dtype, memory=True).as_pointer())
         return found
@@ -140,15 +156,31 @@ class _Kernel:
                     k = len(self.graph.inputs) + len(self.consts) + j
                     break
         if k is None:
-            k = self._first_temp + len(self.temps)
-            self.temps.append(math.prod(shape) * np.dtype(node.dtype).itemsize)
+            k = self.new_temp(math.prod(shape) * np.dtype(node.dtype).itemsize)
         buf = Buf(self._typed(k, node.dtype), np.dtype(node.dtype), shape, contiguous(shape))
         self.bufs[id(node)] = buf
         return buf
 
+    def new_temp(self, nbytes) -> int:
+        """The slot of a new temporary of `nbytes`."""
+        self.temps.append(int(nbytes))
+        return self._first_temp + len(self.temps) - 1
+
+    def temp_buf(self, shape, dtype) -> Buf:
+        shape = _pad(shape)
+        slot = self.new_temp(math.prod(shape) * np.dtype(dtype).itemsize)
+        return Buf(slot, np.dtype(dtype), shape, contiguous(shape))
+
+    def raw(self, buf, offset=None):
+        """`buf`'s first element as an i8* (offset: an extra IR element offset)."""
+        at = buf.offset if isinstance(buf.offset, ir.Value) else I64(buf.offset)
+        if offset is not None:
+            at = self.b.add(at, offset)
+        return self.b.bitcast(self.b.gep(self.pointer(buf), [at]), I8P)
+
     def address(self, buf, at):
         b = self.b
-        offset = I64(buf.offset)
+        offset = buf.offset if isinstance(buf.offset, ir.Value) else I64(buf.offset)
         for i, stride in zip(at, buf.strides):
             if i is not None and stride:
                 offset = b.add(offset, b.mul(i, I64(stride)) if stride != 1 else i)
@@ -156,18 +188,38 @@ class _Kernel:
 
     def load(self, buf, at):
         value = self.b.load(self.address(buf, at), align=buf.dtype.itemsize)
+        self._accesses.append((value, buf.slot))
         return S.from_memory(self.b, value, buf.dtype)
 
     def store(self, buf, at, value):
-        self.b.store(S.to_memory(self.b, value, buf.dtype), self.address(buf, at),
-                     align=buf.dtype.itemsize)
+        op = self.b.store(S.to_memory(self.b, value, buf.dtype), self.address(buf, at),
+                          align=buf.dtype.itemsize)
+        self._accesses.append((op, buf.slot))
+
+    def _alias_scopes(self):
+        """Scoped no-alias metadata on the part's loads and stores: one scope per buffer
+        (different buffers never overlap: outputs and temporaries are memory of their own,
+        inputs are only read; views share their base's buffer), so LLVM vectorizes without
+        run-time overlap checks."""
+        slots = sorted({slot for _, slot in self._accesses})
+        if len(slots) < 2:
+            return
+        m = self.module
+        domain = m.add_metadata([ir.MetaDataString(m, f"{self.fn.name}.buffers")])
+        scope = {s: m.add_metadata([ir.MetaDataString(m, f"{self.fn.name}.b{s}"), domain])
+                 for s in slots}
+        own = {s: m.add_metadata([scope[s]]) for s in slots}
+        others = {s: m.add_metadata([scope[o] for o in slots if o != s]) for s in slots}
+        for op, slot in self._accesses:
+            op.set_metadata("alias.scope", own[slot])
+            op.set_metadata("noalias", others[slot])
 
     def alloca(self, ty):
         return self.alloca_block.alloca(ty)
 
     def rows(self):
         """The (lo, hi) IR values bounding dim 0 of every group in a parallel kernel."""
-        return self.fn.args[self.n_bufs + 1], self.fn.args[self.n_bufs + 2]
+        return self.fn.args[2], self.fn.args[3]
 
     @contextlib.contextmanager
     def loop(self, n, start=None):
@@ -228,8 +280,12 @@ class _Kernel:
 
     def emit_outputs(self):
         base = len(self.graph.inputs) + len(self.consts)
+        # (a repeated output of the kernel is the same array, see same_outputs; a loop
+        # body writes each of its outputs, which the loop keeps apart)
+        same = same_outputs(self.graph) if self.prefix == "hn" else \
+            list(range(len(self.graph.outputs)))
         for j, out in enumerate(self.graph.outputs):
-            if j in self.claimed:
+            if j in self.claimed or same[j] != j:
                 continue
             self.serial_only = True
             shape = _pad(out.shape)
@@ -253,18 +309,24 @@ class _Kernel:
         t = S.ir_type(dtype).as_pointer()
         ip = I32.as_pointer()
         fnty = ir.FunctionType(ir.VoidType(), [I8P, I8P, ip, ip, ip, t, t, ip, t, ip, t, t, ip])
-        fns = self.fn.args[self.n_bufs]  # (of the part being emitted)
+        fns = self.fn.args[1]  # (of the part being emitted)
         raw = self.b.load(self.b.gep(fns, [I64(k)]))
         return self.b.bitcast(raw, fnty.as_pointer())
+
+
+def same_outputs(graph) -> list:
+    """Per output, the first output position holding the same node: the kernel returns
+    one array for both, as eager returns one tensor (a result that is also a saved value
+    must be the same array, so that changing it in place is seen by the backward)."""
+    first = {}
+    return [first.setdefault(id(o), j) for j, o in enumerate(graph.outputs)]
 
 
 def _entry(module, kernel_fn, n_bufs):
     fnty = ir.FunctionType(ir.VoidType(), [I8P.as_pointer(), I8P.as_pointer(), I64, I64])
     fn = ir.Function(module, fnty, ENTRY)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    bufs, fns, lo, hi = fn.args
-    ptrs = [b.load(b.gep(bufs, [I64(k)])) for k in range(n_bufs)]
-    b.call(kernel_fn, ptrs + [fns, lo, hi])
+    b.call(kernel_fn, list(fn.args))
     b.ret_void()
 
 
@@ -287,7 +349,34 @@ def split_rows(units) -> int:
         return 0
     n = rows.pop()
     work = sum(math.prod(u.domain) for u in units)
-    return n if n >= 2 and work >= PARALLEL_ELEMENTS else 0
+    if n < 2 or work < PARALLEL_ELEMENTS or not all(_row_aligned(u, n) for u in units):
+        return 0
+    return n
+
+
+def _row_aligned(group, n) -> bool:
+    """Does every value `group` reads from another group have its rows along dim 0 of the
+    group's domain? (A vector of length n computed by another group and broadcast along
+    the last dim would be read whole by every thread, while others still write it.)"""
+    rank = len(group.domain)
+    for node in group.nodes:
+        for inp in node.inputs:
+            if group.holds(inp) or inp.is_source:
+                continue
+            shape = _pad(inp.shape)
+            if len(shape) != rank or shape[0] != n:
+                return False
+    return True
+
+
+def _emit_into(graph, units, n_temps, module, prefix, fn_names):
+    """A loop body's emission (llvm_loop.body_of) into `module` (None: a scratch one)."""
+    k = _Kernel(graph, units, n_temps, module, prefix, fn_names)
+    k.bind_sources()
+    k.emit_units()
+    k.emit_outputs()
+    k.finish()
+    return k
 
 
 def _emit(graph, units, n_temps, split=0):
@@ -303,7 +392,7 @@ def _emit(graph, units, n_temps, split=0):
 def lower_llvm(graph) -> LLProgram:
     """The IR module and calling convention for `graph` (an optimized clone); raises
     LoweringError for what the llvm backend cannot lower (the caller falls back)."""
-    check_llvm_supported(graph)
+    check_llvm_supported(graph, loops=True)
     units = partition(graph)
     split = split_rows(units)
     k = _emit(graph, units, 0, split)  # (counts the temporaries)
@@ -317,6 +406,7 @@ def lower_llvm(graph) -> LLProgram:
         [np.ascontiguousarray(np.asarray(n.attrs["value"], n.dtype)) for n in k.consts],
         [(_pad(n.shape), np.dtype(n.dtype)) for n in graph.outputs], list(k.temps),
         list(k.fn_names), units)
+    program.same_as = same_outputs(graph)
     program.uses_blas = bool(k.fn_names)
     program.single_output = len(graph.outputs) == 1
     program.split_rows = split

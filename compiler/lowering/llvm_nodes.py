@@ -11,6 +11,7 @@ from ..errors import LoweringError
 from ..ir import pad_shape as _pad
 from . import llvm_scalar as S
 from .llvm_buf import I32, I64, Buf, contiguous
+from .llvm_loop import emit_loop
 
 
 def _view(em, node, shape, strides, offset):
@@ -159,7 +160,12 @@ def _batched(em, node, out, m, n, k):
     em.each(batch, body)
 
 
+def _loop(em, node):
+    emit_loop(em, node, em.sub_emitter)
+
+
 NODE_RULES = {"reshape": _reshape, "permute": _permute, "slice": _slice,
-              "pad_slice": _pad_slice, "cat": _cat, "matmul": _matmul}
+              "pad_slice": _pad_slice, "cat": _cat, "matmul": _matmul, "loop": _loop,
+              "loop_out": lambda em, node: None}  # (the loop binds its outputs)
 
 __all__ = ["NODE_RULES"]

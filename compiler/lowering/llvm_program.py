@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import LoweringError
+from ..ir import pad_shape as _pad
 from ..loop import is_loop
 
 ENTRY = "hn_entry"
@@ -17,20 +18,29 @@ SCALAR_OPS = frozenset({
     "add", "sub", "mul", "div", "pow", "lt", "le", "gt", "ge", "eq", "ne", "maximum",
     "minimum", "neg", "abs", "sign", "sigmoid", "exp", "log", "sqrt", "sin", "cos", "tanh",
     "erf", "where", "cast", "detach", "expand"})
-NODE_OPS = frozenset({"reshape", "permute", "slice", "pad_slice", "cat", "matmul"})
+NODE_OPS = frozenset({"reshape", "permute", "slice", "pad_slice", "cat", "matmul", "loop",
+                      "loop_out"})
+LOOP_OPS = frozenset({"loop", "loop_out"})
 REDUCTIONS = frozenset({"sum", "max", "min"})
 DTYPE_KINDS = "fbiu"
 
 
-def check_llvm_supported(graph) -> None:
+def check_llvm_supported(graph, loops=False) -> None:
     """Raise LoweringError naming the first node the llvm backend cannot take (without
-    importing llvmlite: a kernel loaded from the disk cache needs no LLVM)."""
-    ops = SCALAR_OPS | NODE_OPS | REDUCTIONS
+    importing llvmlite: a kernel loaded from the disk cache needs no LLVM). `loops`: may
+    it take loop nodes (for the trip count traced)?"""
+    ops = SCALAR_OPS | NODE_OPS | REDUCTIONS | LOOP_OPS
     for node in graph.nodes:
         if node.is_source:
             continue
-        if is_loop(node) or node.op not in ops:
+        if is_loop(node) and not loops:
+            raise LoweringError("the llvm backend compiles a loop for the traced trip count "
+                                "only (with dynamic=False); this loop must serve every "
+                                "length")
+        if node.op not in ops:
             raise LoweringError(f"the llvm backend cannot lower op {node.op!r} yet")
+        if is_loop(node):
+            check_llvm_supported(node.attrs["spec"].body, loops)
         if any(d == 0 for d in node.shape):
             raise LoweringError(f"{node.op}: size-0 dims are run eagerly ({node.type_str()})")
         for v in (node, *node.inputs):
@@ -40,8 +50,24 @@ def check_llvm_supported(graph) -> None:
 
 
 def array_consts(graph) -> list:
-    """The graph's array constants, in the order the kernel takes them."""
-    return [n for n in graph.nodes if n.op == "const" and np.ndim(n.attrs["value"])]
+    """The graph's array constants, in the order the kernel takes them: its own, then
+    each loop body's (depth first)."""
+    out = [n for n in graph.nodes if n.op == "const" and np.ndim(n.attrs["value"])]
+    for node in graph.nodes:
+        if is_loop(node):
+            out += array_consts(node.attrs["spec"].body)
+    return out
+
+
+def loop_const_starts(graph) -> dict:
+    """id(loop node) -> where its body's constants start in array_consts(graph)."""
+    at = sum(1 for n in graph.nodes if n.op == "const" and np.ndim(n.attrs["value"]))
+    starts = {}
+    for node in graph.nodes:
+        if is_loop(node):
+            starts[id(node)] = at
+            at += len(array_consts(node.attrs["spec"].body))
+    return starts
 
 
 @dataclass
@@ -68,6 +94,7 @@ class LLProgram:
     driver: str = ""
     globals: dict = field(default_factory=dict)
     cost: int = 0
+    same_as: list = field(default_factory=list)  # per output: the output it repeats
 
     def to_meta(self) -> dict:
         """Plain data for the disk cache (JSON): everything but the constants and units."""
@@ -76,7 +103,8 @@ class LLProgram:
                 "outputs": [[list(s), str(d)] for s, d in self.outputs],
                 "fns": list(self.fns), "uses_blas": self.uses_blas,
                 "large_products": self.large_products, "single_output": self.single_output,
-                "split_rows": self.split_rows, "notes": list(self.notes)}
+                "split_rows": self.split_rows, "notes": list(self.notes),
+                "same_as": list(self.same_as)}
 
     @classmethod
     def from_meta(cls, meta, graph, units) -> "LLProgram":
@@ -92,6 +120,14 @@ class LLProgram:
         p.single_output, p.split_rows = bool(meta["single_output"]), int(meta["split_rows"])
         p.parallel = bool(p.split_rows)
         p.notes = [str(n) for n in meta["notes"]] + ["loaded from the disk cache"]
+        p.same_as = [int(j) for j in meta["same_as"]]
+        want = ([(tuple(_pad(n.shape)), np.dtype(n.dtype)) for n in graph.inputs],
+                [(tuple(_pad(n.shape)), np.dtype(n.dtype)) for n in graph.outputs])
+        first = {}
+        same = [first.setdefault(id(o), j) for j, o in enumerate(graph.outputs)]
+        if (p.inputs, p.outputs) != want or any(t < 0 for t in p.temps) or p.same_as != same or \
+                p.entry != ENTRY or not set(p.fns) <= {"sgemm", "dgemm"}:
+            raise ValueError("the record does not match the graph")
         p.finish()
         return p
 

@@ -56,7 +56,7 @@ def convert(b, value, src, dst):
     if src.kind == "f" and dst.kind == "f":
         return b.fpext(value, to) if dst.itemsize > src.itemsize else b.fptrunc(value, to)
     if src.kind == "f":
-        return b.fptosi(value, to) if dst.kind == "i" else b.fptoui(value, to)
+        return _float_to_int(b, value, to)
     if dst.kind == "f":
         return b.sitofp(value, to) if src.kind == "i" else b.uitofp(value, to)
     if dst.itemsize < src.itemsize:
@@ -66,13 +66,28 @@ def convert(b, value, src, dst):
     return value
 
 
+def _float_to_int(b, value, to):
+    """float -> integer as NumPy does on x86 (cvttsd2si): truncation toward zero, and the
+    'integer indefinite' INT64_MIN for nan, inf and values out of range (a bare fptosi
+    would be poison there, which LLVM may fold into anything), then narrowed."""
+    lo, hi = ir.Constant(value.type, -2.0 ** 63), ir.Constant(value.type, 2.0 ** 63)
+    ok = b.and_(b.fcmp_ordered(">=", value, lo), b.fcmp_ordered("<", value, hi))
+    safe = b.select(ok, value, ir.Constant(value.type, 0.0))
+    wide = b.select(ok, b.fptosi(safe, I64), ir.Constant(I64, -2 ** 63))
+    return wide if to == I64 else b.trunc(wide, to)
+
+
 def to_memory(b, value, dtype):
     """A register value as it is stored (bools widen to one byte)."""
     return b.zext(value, I8) if np.dtype(dtype).kind == "b" else value
 
 
 def from_memory(b, value, dtype):
-    return b.trunc(value, I1) if np.dtype(dtype).kind == "b" else value
+    """A stored value in registers (a bool byte is true when it is not 0, as NumPy reads
+    it, not only its low bit)."""
+    if np.dtype(dtype).kind == "b":
+        return b.icmp_unsigned("!=", value, ir.Constant(I8, 0))
+    return value
 
 
 def _intrinsic(b, name, args):
@@ -100,12 +115,17 @@ def _math(name, intrinsic=None):
     return rule
 
 
+_BOOL_ARITH = {"add": "or_", "mul": "and_"}  # NumPy: bool + bool is or, bool * bool and
+
+
 def _arith(fop, iop):
     def rule(b, a, node, em):
         if node.dtype.kind == "f":
             return getattr(b, fop)(a[0], a[1], flags=FAST)
         if node.dtype.kind == "b":
-            raise LoweringError(f"{node.op} on bool is run eagerly")
+            if node.op not in _BOOL_ARITH:
+                raise LoweringError(f"{node.op} on bool is run eagerly")
+            return getattr(b, _BOOL_ARITH[node.op])(a[0], a[1])
         return getattr(b, iop)(a[0], a[1])
     return rule
 

@@ -18,6 +18,15 @@ def _bin(symbol):
     return lambda a, node, ctx: f"({a[0]} {symbol} {a[1]})"
 
 
+def _bool_or(symbol, logical):
+    """NumPy's bool + bool is `or`, bool * bool `and` (Numba would add them as ints)."""
+    def rule(a, node, ctx):
+        if node.dtype.kind == "b":
+            return f"({a[0]} {logical} {a[1]})"
+        return f"({a[0]} {symbol} {a[1]})"
+    return rule
+
+
 def _fn(name):
     def rule(a, node, ctx):
         return f"{ctx.math(name, node.dtype)}({a[0]})"
@@ -61,7 +70,8 @@ def _abs(a, node, ctx):
 
 
 RULES = {
-    "add": _bin("+"), "sub": _bin("-"), "mul": _bin("*"), "div": _bin("/"),
+    "add": _bool_or("+", "or"), "sub": _bin("-"), "mul": _bool_or("*", "and"),
+    "div": _bin("/"),
     "pow": _bin("**"),
     "lt": _bin("<"), "le": _bin("<="), "gt": _bin(">"), "ge": _bin(">="),
     "eq": _bin("=="), "ne": _bin("!="),

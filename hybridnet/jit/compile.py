@@ -53,12 +53,10 @@ def compile_trace(tg, dynamic, backend="numba") -> CompileResult:
         reach = [r for r in reach if r]
         _refuse_updated_saved_inputs(tg)
         wrt = [tg.graph.inputs[i] for i in tg.grad_inputs]
-        split, report = split_gradient(tg.graph, wrt, tg.grad_results, tg.blocked,
-                                       roll=_roll(backend, dynamic))
+        split, report = split_gradient(tg.graph, wrt, tg.grad_results, tg.blocked)
         forward = split.forward
     else:
-        forward, report = optimize(reroll(tg.graph)[0] if _roll(backend, dynamic)
-                                   else tg.graph)
+        forward, report = optimize(reroll(tg.graph)[0])
     exe, kernel, program, reused, fallback = compile_graph(
         forward, dynamic, tg.n_results, tg.guards, tg.writebacks, tg.fresh,
         [k for _, k, same, _ in tg.grad_writes if k is not None and same is None],
@@ -77,14 +75,6 @@ def compile_trace(tg, dynamic, backend="numba") -> CompileResult:
         result.backward.fallback = bfallback
     result.seconds = time.perf_counter() - start
     return result
-
-
-def _roll(backend, dynamic) -> bool:
-    """Reroll repeated steps into loop nodes? Not for the llvm backend with dynamic=False:
-    it compiles exact shapes (one specialization per length anyway) and has no loop node
-    yet, so it takes the unrolled steps, which it compiles in time linear in their count,
-    instead of handing the loop to numba."""
-    return not (backend == "llvm" and dynamic is False)
 
 
 def _refuse_updated_saved_inputs(tg):

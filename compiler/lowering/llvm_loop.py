@@ -1,0 +1,155 @@
+"""Loop nodes (compiler.loop) in the llvm backend: the body is lowered once into its own
+function of the module, called once per step from an IR loop.
+
+The llvm backend compiles exact shapes, so the trip count is the traced one (a rerolled
+loop reaches this backend only with dynamic=False, when every length is its own
+specialization anyway; see runtime.backends). Per step the body gets pointers: the
+carried values (the initial value at step 0, then one of two buffers that alternate, so
+a step never overwrites what it reads), the invariants, each sequence's slice (a pointer
+into the sequence when the slice is contiguous, else a copy), the loop's constants, its
+outputs (next carried values and one temporary per collected value) and its
+temporaries (reused every step). Collected values are then copied into their block of
+the collected output; a picked step's value into its own buffer.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from llvmlite import ir
+
+from ..loop import is_projection
+from ..passes.fusion import partition
+from .llvm_buf import I8P, I64, Buf, contiguous
+
+
+@dataclass
+class Body:
+    """A loop body emitted into the module: its kernel function and buffer counts."""
+
+    fn: object
+    n_inputs: int
+    n_consts: int
+    n_outputs: int
+    temps: list
+
+
+def body_of(em, spec, emit) -> Body:
+    """The module's function for a loop body (emitted at the first loop using it);
+    `emit(graph, units, n_temps, module, prefix, fn_names)` is llvm_emit's emission."""
+    found = em.bodies.get(spec.key)
+    if found is None:
+        units = partition(spec.body)
+        prefix = f"{em.prefix}_b{len(em.bodies)}"
+        count = emit(spec.body, units, 0, None, prefix, list(em.fn_names))
+        sub = emit(spec.body, units, len(count.temps), em.module, prefix, em.fn_names)
+        sub.kernel.attributes.add("noinline")
+        found = em.bodies[spec.key] = Body(sub.kernel, len(spec.body.inputs),
+                                           len(sub.consts), len(spec.body.outputs),
+                                           list(sub.temps))
+    return found
+
+
+def _contiguous(em, node) -> Buf:
+    buf = em.buffer(node)
+    if buf.is_contiguous:
+        return buf
+    tmp = em.temp_buf(buf.shape, buf.dtype)
+    em.copy(tmp, buf)
+    return tmp
+
+
+def _select(em, cond, a, b):
+    return em.b.select(cond, a, b)
+
+
+def emit_loop(em, node, emit):
+    """Bind the buffers of `node`'s loop_out users; emit the step loop."""
+    spec = node.attrs["spec"]
+    k, n = spec.n_carried, spec.n_invariant
+    bases = node.inputs[k + n:]
+    trip = spec.trip_of([tuple(b.shape) for b in bases])
+    body = body_of(em, spec, emit)
+    outs = spec.body.outputs
+    inits = [_contiguous(em, x) for x in node.inputs[:k]]
+    invariants = [_contiguous(em, x) for x in node.inputs[k:k + n]]
+    seq_bufs = [em.buffer(x) for x in bases]
+    pairs = [(em.temp_buf(o.shape, o.dtype), em.temp_buf(o.shape, o.dtype)) for o in outs[:k]]
+    step_outs = [em.temp_buf(o.shape, o.dtype) for o in outs[k:]]
+    body_temps = [em.new_temp(nbytes) for nbytes in body.temps]
+    users = {u.attrs["index"]: u for u in em.users.get(id(node), ()) if is_projection(u)}
+    collected = {j: em.new_buffer(users[k + j]) for j in range(spec.n_collected)
+                 if k + j in users}
+    picks = [(p, p.at(trip), em.new_buffer(users[k + spec.n_collected + i]))
+             for i, p in enumerate(spec.picks) if k + spec.n_collected + i in users]
+    const_slots = _body_const_slots(em, node, body)
+    b = em.b
+    n_args = body.n_inputs + body.n_consts + body.n_outputs + len(body.temps)
+    table = em.alloca(ir.ArrayType(I8P, max(1, n_args)))  # (the body's buffer table)
+    with em.loop(trip) as t:
+        odd = b.icmp_unsigned("!=", b.and_(t, I64(1)), I64(0))
+        first = b.icmp_unsigned("==", t, I64(0))
+        args = []
+        for init, (c0, c1) in zip(inits, pairs):  # read: init, then the other buffer
+            prev = _select(em, odd, em.raw(c0), em.raw(c1))
+            args.append(_select(em, first, em.raw(init), prev))
+        args += [em.raw(v) for v in invariants]
+        for s, base, x in zip(spec.seqs, seq_bufs, bases):
+            args.append(_seq_pointer(em, s, base, x, t))
+        args += [em.raw(Buf(slot, np.dtype(np.uint8), (1,), (1,))) for slot in const_slots]
+        args += [_select(em, odd, em.raw(c1), em.raw(c0)) for c0, c1 in pairs]
+        args += [em.raw(o) for o in step_outs]
+        args += [em.raw(Buf(slot, np.dtype(np.uint8), (1,), (1,))) for slot in body_temps]
+        for j, ptr in enumerate(args):
+            b.store(ptr, b.gep(table, [I64(0), I64(j)]))
+        b.call(body.fn, [b.bitcast(table, I8P.as_pointer()), em.fn.args[1], I64(0), I64(0)])
+        for j, out in collected.items():
+            _collect(em, spec.collects[j], out, step_outs[j], t, trip)
+        for p, at, out in picks:
+            with b.if_then(b.icmp_unsigned("==", t, I64(at))):
+                em.copy(out, step_outs[p.index])
+    for i in range(k):  # the final carried values: written by the last step
+        if i in users:
+            em.bufs[id(users[i])] = pairs[i][(trip - 1) & 1]
+
+
+def _seq_pointer(em, s, base, x, t):
+    """Step t's slice of a sequence, as a pointer (a copy when it is strided)."""
+    b = em.b
+    n = base.shape[s.dim]
+    start = b.add(I64(s.anchor), b.mul(t, I64(s.stride))) if s.stride > 0 else \
+        b.add(I64(n - s.anchor), b.mul(t, I64(s.stride)))
+    shape = list(base.shape)
+    shape[s.dim] = s.width
+    offset = b.add(I64(base.offset), b.mul(start, I64(base.strides[s.dim])))
+    region = Buf(base.slot, base.dtype, tuple(shape), base.strides, offset)
+    if all(st == c for st, c, size in zip(region.strides, contiguous(region.shape),
+                                          region.shape) if size != 1):
+        return em.raw(region)
+    tmp = em.temp_buf(region.shape, region.dtype)
+    em.copy(tmp, region)
+    return em.raw(tmp)
+
+
+def _collect(em, collect, out, value, t, trip):
+    """Copy one step's value into its block of the collected output."""
+    b = em.b
+    block = b.sub(I64(trip - 1), t) if collect.reverse else t
+    if collect.dim < 0:
+        offset = b.add(I64(out.offset), b.mul(block, I64(math.prod(value.shape))))
+        region = Buf(out.slot, out.dtype, value.shape, contiguous(value.shape), offset)
+    else:
+        width = value.shape[collect.dim]
+        offset = b.add(I64(out.offset), b.mul(block, I64(width * out.strides[collect.dim])))
+        region = Buf(out.slot, out.dtype, value.shape, out.strides, offset)
+    em.copy(region, value)
+
+
+def _body_const_slots(em, node, body) -> list:
+    """The parent's const slots holding the body's constants (llvm_program.array_consts:
+    the graph's own, then each loop body's, depth first)."""
+    start = len(em.graph.inputs) + em.const_starts[id(node)]
+    return [start + j for j in range(body.n_consts)]
+
+
+__all__ = ["emit_loop", "body_of", "Body"]
