@@ -162,6 +162,8 @@ class LLVMKernel:
         self._large = bool(p.large_products)  # (refresh() after changing it)
         self._rows = int(getattr(p, "split_rows", 0))
         self._same = list(p.same_as) or list(range(len(p.outputs)))
+        self._status = int(getattr(p, "status", -1))
+        self._first_temp = len(p.inputs) + len(p.consts) + len(p.outputs)
         self.fn = self.__call__
 
     def __call__(self, *arrays):
@@ -188,6 +190,9 @@ class LLVMKernel:
             base = arena.__array_interface__["data"][0]
             base += -base % _ALIGN
             ptrs += [base + off for off in self._temp_offsets]
+        if self._status >= 0:  # (a byte the kernel sets when an index is out of range)
+            status = np.zeros(1, np.uint8)
+            ptrs[self._first_temp + self._status] = status.__array_interface__["data"][0]
         table = np.array(ptrs, dtype=np.uintp)
         if self.program.uses_blas:
             blas.kernel_threads(self._large)
@@ -196,6 +201,9 @@ class LLVMKernel:
             run_rows(self._entry, address, self._fns_address, self._rows)
         else:
             self._entry(address, self._fns_address, 0, 0)
+        if self._status >= 0 and status[0]:
+            raise IndexError(f"compiled kernel {self.filename}: an index of take or "
+                             "scatter_add is out of range")
         return outs[0] if self.program.single_output else tuple(outs)
 
     @property

@@ -574,3 +574,56 @@ def test_a_tiny_cache_keeps_the_entry_just_written(tmp_path):
     disk, phases, err, _, _ = _child(tmp_path, HYBRIDNET_CACHE_MAX_MB="0.001")
     assert disk == 0 and err < 1e-6 and "llvm_optimize" in phases
     assert len(_entries(tmp_path)) == 1
+
+
+def test_gather_and_its_gradient_compile_and_bad_indices_raise():
+    emb = hn.nn.Embedding(10, 4)
+    idx = hn.tensor(np.array([[1, 9, -1], [0, 3, 3]]))
+    fn = lambda i: (emb(i) * 2.0).sum()  # noqa: E731
+    want = fn(idx)
+    want.backward()
+    g_want = emb.weight.grad.numpy().copy()
+    emb.weight.grad = None
+    tf = hn.trace(fn, backend="llvm")
+    tf(idx)
+    emb.weight.grad = None
+    got = tf(idx)
+    got.backward()
+    assert compiled_by(tf) == ("llvm", None)
+    np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(emb.weight.grad.numpy(), g_want, rtol=1e-6)
+    with pytest.raises(IndexError):
+        with hn.no_grad():
+            tf(hn.tensor(np.array([[1, 10, 0], [0, 3, 3]])))
+
+
+def test_language_model_training_step_compiles_with_llvm_and_trains_as_eager():
+    from hybridnet import nn, optim
+    from hybridnet.nn import functional as F
+
+    def make():
+        hn.manual_seed(0)
+        emb, rnn, out = nn.Embedding(50, 16), nn.LSTM(16, 16, num_layers=2), nn.Linear(16, 50)
+        params = [*emb.parameters(), *rnn.parameters(), *out.parameters()]
+        opt = optim.SGD(params, lr=0.5)
+
+        def step(x, y):
+            opt.zero_grad()
+            h, _ = rnn(emb(x))
+            loss = F.cross_entropy(out(h).reshape(-1, 50), y.reshape(-1))
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return step, params
+    rng = np.random.default_rng(1)
+    data = [(hn.tensor(rng.integers(0, 50, (6, 3))), hn.tensor(rng.integers(0, 50, (6, 3))))
+            for _ in range(4)]
+    eager, p_eager = make()
+    step, p_traced = make()
+    traced = hn.trace(step, backend="llvm", dynamic=False)
+    for x, y in data:
+        np.testing.assert_allclose(traced(x, y).numpy(), eager(x, y).numpy(), rtol=1e-5)
+    for a, b in zip(p_traced, p_eager):
+        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert traced.stats.compiled_calls >= 2
+    assert compiled_by(traced)[0] == "llvm"

@@ -68,6 +68,7 @@ class _Kernel:
         self.split = 0  # rows of dim 0 the threads share (0: one thread, all rows)
         self.serial_only = False  # emitted code outside the row loops (no split then)
         self.claimed = set()
+        self._status = None
         self.temps = []
         self.n_temps = n_temps
         self._first_temp = len(graph.inputs) + len(self.consts) + len(graph.outputs)
@@ -165,6 +166,12 @@ class _Kernel:
         """The slot of a new temporary of `nbytes`."""
         self.temps.append(int(nbytes))
         return self._first_temp + len(self.temps) - 1
+
+    def status_buf(self) -> Buf:
+        """The kernel's status byte (1: an index was out of range; LLProgram.status)."""
+        if self._status is None:
+            self._status = Buf(self.new_temp(64), np.dtype(np.uint8), (1,), (1,))
+        return self._status
 
     def temp_buf(self, shape, dtype) -> Buf:
         shape = _pad(shape)
@@ -407,6 +414,7 @@ def lower_llvm(graph) -> LLProgram:
         [(_pad(n.shape), np.dtype(n.dtype)) for n in graph.outputs], list(k.temps),
         list(k.fn_names), units)
     program.same_as = same_outputs(graph)
+    program.status = -1 if k._status is None else k._status.slot - k._first_temp
     program.uses_blas = bool(k.fn_names)
     program.single_output = len(graph.outputs) == 1
     program.split_rows = split

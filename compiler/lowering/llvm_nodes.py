@@ -11,6 +11,7 @@ from ..errors import LoweringError
 from ..ir import pad_shape as _pad
 from . import llvm_scalar as S
 from .llvm_buf import I32, I64, Buf, contiguous
+from .llvm_gather import scatter_add, take
 from .llvm_loop import emit_loop
 
 
@@ -166,6 +167,7 @@ def _loop(em, node):
 
 NODE_RULES = {"reshape": _reshape, "permute": _permute, "slice": _slice,
               "pad_slice": _pad_slice, "cat": _cat, "matmul": _matmul, "loop": _loop,
-              "loop_out": lambda em, node: None}  # (the loop binds its outputs)
+              "loop_out": lambda em, node: None,  # (the loop binds its outputs)
+              "take": take, "scatter_add": scatter_add}
 
 __all__ = ["NODE_RULES"]

@@ -19,7 +19,7 @@ SCALAR_OPS = frozenset({
     "minimum", "neg", "abs", "sign", "sigmoid", "exp", "log", "sqrt", "sin", "cos", "tanh",
     "erf", "where", "cast", "detach", "expand"})
 NODE_OPS = frozenset({"reshape", "permute", "slice", "pad_slice", "cat", "matmul", "loop",
-                      "loop_out"})
+                      "loop_out", "take", "scatter_add"})
 LOOP_OPS = frozenset({"loop", "loop_out"})
 REDUCTIONS = frozenset({"sum", "max", "min"})
 DTYPE_KINDS = "fbiu"
@@ -95,6 +95,7 @@ class LLProgram:
     globals: dict = field(default_factory=dict)
     cost: int = 0
     same_as: list = field(default_factory=list)  # per output: the output it repeats
+    status: int = -1  # the temporary holding the status byte (-1: none)
 
     def to_meta(self) -> dict:
         """Plain data for the disk cache (JSON): everything but the constants and units."""
@@ -104,7 +105,7 @@ class LLProgram:
                 "fns": list(self.fns), "uses_blas": self.uses_blas,
                 "large_products": self.large_products, "single_output": self.single_output,
                 "split_rows": self.split_rows, "notes": list(self.notes),
-                "same_as": list(self.same_as)}
+                "same_as": list(self.same_as), "status": self.status}
 
     @classmethod
     def from_meta(cls, meta, graph, units) -> "LLProgram":
@@ -121,11 +122,13 @@ class LLProgram:
         p.parallel = bool(p.split_rows)
         p.notes = [str(n) for n in meta["notes"]] + ["loaded from the disk cache"]
         p.same_as = [int(j) for j in meta["same_as"]]
+        p.status = int(meta["status"])
         want = ([(tuple(_pad(n.shape)), np.dtype(n.dtype)) for n in graph.inputs],
                 [(tuple(_pad(n.shape)), np.dtype(n.dtype)) for n in graph.outputs])
         first = {}
         same = [first.setdefault(id(o), j) for j, o in enumerate(graph.outputs)]
         if (p.inputs, p.outputs) != want or any(t < 0 for t in p.temps) or p.same_as != same or \
+                not -1 <= p.status < len(p.temps) or \
                 p.entry != ENTRY or not set(p.fns) <= {"sgemm", "dgemm"}:
             raise ValueError("the record does not match the graph")
         p.finish()
