@@ -5,7 +5,8 @@ many lengths), hybridnet eager and traced against NumPy, PyTorch and JAX when in
 
 W2: batch 64, 784-256-256-10, ReLU, softmax cross-entropy, SGD (lr 0.01), float32; the
 whole step (zero_grad, forward, loss, backward, step) as users write it. Rows: the step
-under `@hn.trace` (compiled forward, backward and update: one kernel), `hn.trace(model)`
+under `@hn.trace` (compiled forward, backward and update: one kernel; numba backend,
+then llvm), `hn.trace(model)`
 with an eager loss, backward and step (compiled forward and backward), hybridnet eager,
 a hand-written NumPy step, torch eager, torch.compile, jax.jit (value_and_grad + update).
 Medians of repeated runs in this one process, as ratios to the traced step.
@@ -158,20 +159,22 @@ def bench_w2(quick):
     x, y = hn.from_numpy(a), hn.tensor(labels)
     times, notes = {}, []
     for name, how in (("hn @trace on the whole step", "step"),
+                      ("hn @trace(backend='llvm') on the whole step", "llvm"),
                       ("hn trace(model), eager loss/backward/step", "model"),
                       ("hn eager", None)):
         model = _hn_model()
         opt = hn.optim.SGD(model.parameters(), lr=LR)
-        forward = hn.trace(model) if how == "model" else model
+        forward = hn.trace(model, backend="numba") if how == "model" else model
         step = _hn_step(model, opt, forward)
-        step = hn.trace(step) if how == "step" else step
+        if how in ("step", "llvm"):
+            step = hn.trace(step, backend="numba" if how == "step" else "llvm")
         start = time.perf_counter()
         with empty_kernel_cache():
             for _ in range(3):  # trace, compile, first compiled call
                 step(x, y)
         warmup = time.perf_counter() - start
         times[name] = median_time(lambda step=step: step(x, y), repeat)
-        traced = step if how == "step" else forward if how == "model" else None
+        traced = step if how in ("step", "llvm") else forward if how == "model" else None
         if traced is not None:
             notes.append(f"{name}: first 3 calls (empty kernel cache) {warmup:.2f} s; "
                          f"{traced.stats}")
