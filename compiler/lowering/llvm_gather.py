@@ -50,56 +50,71 @@ def _blocks(shape, dim):
     return before, shape[dim], after
 
 
+def _each(em, a, bsz, body):
+    """body(p, r) over the (before, after) blocks around the indexed dim."""
+    with em.loop(a) as p:
+        with em.loop(bsz) as r:
+            body(p, r)
+
+
+def _at(b, p, mid, k, bsz, r):
+    """The flat offset of element (p, k, r) in a (before, mid, after) block layout."""
+    return b.add(b.mul(b.add(b.mul(p, I64(mid)), k), I64(bsz)), r)
+
+
+def _indexed(em, idx, m, n, found, missing):
+    """For each index q of idx: found(q, k) when it is in range for a dim of size n, else
+    missing(q) after setting the status byte."""
+    with em.loop(m) as q:
+        k, ok = _index(em, idx, q, n)
+        with em.b.if_else(ok) as (then, otherwise):
+            with then:
+                found(q, k)
+            with otherwise:
+                _flag(em)
+                missing(q)
+
+
+def _flat_out(em, node):
+    out = em.new_buffer(node)
+    return out, Buf(out.slot, out.dtype, (math.prod(out.shape),), (1,), out.offset)
+
+
 def take(em, node):
     _check(em)
     src_node, idx_node = node.inputs
-    dim = node.attrs["dim"]
-    a, n, bsz = _blocks(tuple(src_node.shape), dim)
+    a, n, bsz = _blocks(tuple(src_node.shape), node.attrs["dim"])
     x, idx = _flat(em, src_node), _flat(em, idx_node)
     m = idx.shape[0] if len(idx_node.shape) else 1
-    out = em.new_buffer(node)
-    flat = Buf(out.slot, out.dtype, (math.prod(out.shape),), (1,), out.offset)
+    out, flat = _flat_out(em, node)
     b = em.b
-    with em.loop(m) as q:
-        k, ok = _index(em, idx, q, n)
-        with b.if_else(ok) as (then, otherwise):
-            with then:
-                with em.loop(a) as p:
-                    with em.loop(bsz) as r:
-                        src = b.add(b.mul(b.add(b.mul(p, I64(n)), k), I64(bsz)), r)
-                        dst = b.add(b.mul(b.add(b.mul(p, I64(m)), q), I64(bsz)), r)
-                        em.store(flat, [dst], em.load(x, [src]))
-            with otherwise:
-                _flag(em)
-                with em.loop(a) as p:  # (defined values, never read: the call raises)
-                    with em.loop(bsz) as r:
-                        dst = b.add(b.mul(b.add(b.mul(p, I64(m)), q), I64(bsz)), r)
-                        em.store(flat, [dst], S.constant(0, out.dtype))
+
+    def found(q, k):
+        _each(em, a, bsz, lambda p, r: em.store(flat, [_at(b, p, m, q, bsz, r)],
+                                                em.load(x, [_at(b, p, n, k, bsz, r)])))
+
+    def missing(q):  # (defined values, never read: the call raises)
+        zero = S.constant(0, out.dtype)
+        _each(em, a, bsz, lambda p, r: em.store(flat, [_at(b, p, m, q, bsz, r)], zero))
+    _indexed(em, idx, m, n, found, missing)
 
 
 def scatter_add(em, node):
     _check(em)
     src_node, idx_node = node.inputs
     dim, size = node.attrs["dim"], node.attrs["size"]
-    out = em.new_buffer(node)
+    out, flat = _flat_out(em, node)
     em.fill(out, S.constant(0, node.dtype))
-    shape = tuple(node.shape)
-    a = math.prod(shape[:dim])
-    bsz = math.prod(shape[dim + 1:])
+    a, _, bsz = _blocks(tuple(node.shape), dim)
     src, idx = _flat(em, src_node), _flat(em, idx_node)
     m = idx.shape[0] if len(idx_node.shape) else 1
-    flat = Buf(out.slot, out.dtype, (math.prod(out.shape),), (1,), out.offset)
     b = em.b
-    with em.loop(m) as q:
-        k, ok = _index(em, idx, q, size)
-        with b.if_else(ok) as (then, otherwise):
-            with then:
-                with em.loop(a) as p:
-                    with em.loop(bsz) as r:
-                        at = b.add(b.mul(b.add(b.mul(p, I64(size)), k), I64(bsz)), r)
-                        frm = b.add(b.mul(b.add(b.mul(p, I64(m)), q), I64(bsz)), r)
-                        total = S.RULES["add"](b, [em.load(flat, [at]), em.load(src, [frm])],
-                                               node, em)
-                        em.store(flat, [at], total)
-            with otherwise:
-                _flag(em)
+
+    def add(p, r, q, k):
+        at = _at(b, p, size, k, bsz, r)
+        total = S.RULES["add"](b, [em.load(flat, [at]),
+                                   em.load(src, [_at(b, p, m, q, bsz, r)])], node, em)
+        em.store(flat, [at], total)
+
+    _indexed(em, idx, m, size, lambda q, k: _each(em, a, bsz, lambda p, r: add(p, r, q, k)),
+             lambda q: None)
