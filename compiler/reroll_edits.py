@@ -99,7 +99,8 @@ def gather_scatters(g: Graph) -> None:
         init, pieces, d = chain
         pieces.sort(key=lambda p: p.attrs["index"][d][0])
         spans = [p.attrs["index"][d] for p in pieces]
-        if any(a[1] != b[0] for a, b in zip(spans, spans[1:])):
+        if any(a[1] != b[0] for a, b in zip(spans, spans[1:])) or \
+                any(step != 1 for _, _, step in spans):
             continue  # (gaps or overlaps)
         full = pieces[0].attrs["shape"]
         shape = list(pieces[0].inputs[0].shape)
@@ -108,8 +109,9 @@ def gather_scatters(g: Graph) -> None:
         joined = Node("cat", tuple(p.inputs[0] for p in pieces), {"dim": d}, tuple(shape), dtype)
         new = [joined]
         if tuple(shape) != tuple(full):
-            index = tuple((spans[0][0], spans[-1][1], 1) if e == d else (0, s, 1)
-                          for e, s in enumerate(full))
+            # (the other dims as the pieces have them: all alike, moving_dim checked)
+            index = tuple((spans[0][0], spans[-1][1], 1) if e == d else other
+                          for e, other in enumerate(pieces[0].attrs["index"]))
             new.append(Node("pad_slice", (joined,), {"shape": tuple(full), "index": index},
                             tuple(full), dtype))
         if init is not None:

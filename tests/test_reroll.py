@@ -591,3 +591,25 @@ def test_a_batched_product_with_an_empty_inner_dim_compiles():
         x = hn.randn(2, 3, 0)
         np.testing.assert_array_equal(traced(x).numpy(), np.zeros((2, 3, 5), np.float32))
     assert traced.stats.compiled_calls >= 1
+
+
+@pytest.mark.parametrize("backend,dynamic", [("numba", None), ("llvm", False)])
+@pytest.mark.parametrize("part", ["rows-1:", "cols-::2"])
+def test_summed_step_gradients_that_restrict_another_dim_land_in_place(part, backend, dynamic):
+    """The gradient of x[t, 1:] (or x[t, :, ::2]) summed over the steps: the pieces'
+    start and step in the other dims are kept when they are gathered (review)."""
+    data = np.random.default_rng(0).standard_normal((4, 3, 5)).astype(np.float32)
+
+    def f(x):
+        if part == "rows-1:":
+            return sum((x[t, 1:] * (t + 1.0)).sum() for t in range(x.shape[0]))
+        return sum((x[t, :, ::2] * (t + 1.0)).sum() for t in range(x.shape[0]))
+    x = hn.from_numpy(data.copy()).requires_grad_()
+    f(x).backward()
+    want = x.grad.numpy().copy()
+    tf = hn.trace(f, backend=backend, dynamic=dynamic)
+    for _ in range(3):
+        x = hn.from_numpy(data.copy()).requires_grad_()
+        tf(x).backward()
+    np.testing.assert_array_equal(x.grad.numpy(), want)
+    assert tf.stats.compiled_calls >= 1
