@@ -103,9 +103,6 @@ class _Kernel:
     def part_size(self) -> int:
         return sum(len(block.instructions) for block in self.fn.blocks)
 
-    def _typed(self, k, dtype):
-        return k
-
     def pointer(self, buf):
         """The typed pointer of `buf`'s slot in the function being emitted."""
         key = (buf.slot, buf.dtype)
@@ -129,7 +126,7 @@ class _Kernel:
 
     def _plain(self, k, node):
         shape = _pad(node.shape)
-        return Buf(self._typed(k, node.dtype), np.dtype(node.dtype), shape, contiguous(shape))
+        return Buf(k, np.dtype(node.dtype), shape, contiguous(shape))
 
     def buffer(self, node) -> Buf:
         found = self.bufs.get(id(node))
@@ -158,7 +155,7 @@ class _Kernel:
                     break
         if k is None:
             k = self.new_temp(math.prod(shape) * np.dtype(node.dtype).itemsize)
-        buf = Buf(self._typed(k, node.dtype), np.dtype(node.dtype), shape, contiguous(shape))
+        buf = Buf(k, np.dtype(node.dtype), shape, contiguous(shape))
         self.bufs[id(node)] = buf
         return buf
 
@@ -296,7 +293,7 @@ class _Kernel:
                 continue
             self.serial_only = True
             shape = _pad(out.shape)
-            dst = Buf(self._typed(base + j, out.dtype), np.dtype(out.dtype), shape,
+            dst = Buf(base + j, np.dtype(out.dtype), shape,
                       contiguous(shape))
             if out.op == "const" and not np.ndim(out.attrs["value"]):
                 self.fill(dst, S.constant(out.attrs["value"], out.dtype))

@@ -59,10 +59,6 @@ def _contiguous(em, node) -> Buf:
     return tmp
 
 
-def _select(em, cond, a, b):
-    return em.b.select(cond, a, b)
-
-
 def emit_loop(em, node, emit):
     """Bind the buffers of `node`'s loop_out users; emit the step loop."""
     spec = node.attrs["spec"]
@@ -91,13 +87,13 @@ def emit_loop(em, node, emit):
         first = b.icmp_unsigned("==", t, I64(0))
         args = []
         for init, (c0, c1) in zip(inits, pairs):  # read: init, then the other buffer
-            prev = _select(em, odd, em.raw(c0), em.raw(c1))
-            args.append(_select(em, first, em.raw(init), prev))
+            prev = b.select(odd, em.raw(c0), em.raw(c1))
+            args.append(b.select(first, em.raw(init), prev))
         args += [em.raw(v) for v in invariants]
         for s, base, x in zip(spec.seqs, seq_bufs, bases):
             args.append(_seq_pointer(em, s, base, x, t))
         args += [em.raw(Buf(slot, np.dtype(np.uint8), (1,), (1,))) for slot in const_slots]
-        args += [_select(em, odd, em.raw(c1), em.raw(c0)) for c0, c1 in pairs]
+        args += [b.select(odd, em.raw(c1), em.raw(c0)) for c0, c1 in pairs]
         args += [em.raw(o) for o in step_outs]
         args += [em.raw(Buf(slot, np.dtype(np.uint8), (1,), (1,))) for slot in body_temps]
         for j, ptr in enumerate(args):
