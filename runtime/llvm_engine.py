@@ -23,12 +23,13 @@ import threading
 import time
 
 from compiler.lowering import llvm_program
-from compiler.lowering.llvm_program import LLProgram
+from compiler.lowering.llvm_program import CALL, LLProgram
 
 from .llvm_kernel import LLVMKernel, program_digest
 from .objcache import OBJECTS, key_of
 
 _STATE = {}
+CALL_SUFFIX = "_c"  # hn_call's symbol: the entry's, with this suffix
 # LLVM's state is global and llvmlite releases the GIL inside it: one compile at a time
 # (threads that trace at once crashed in LLVM without it).
 _LOCK = threading.RLock()
@@ -132,13 +133,18 @@ def load_cached(graph, units, key) -> LLVMKernel:
     try:
         program = LLProgram.from_meta(record["meta"], graph, units)
         lib = ctypes.CDLL(path)
-        address = ctypes.cast(getattr(lib, f"hn_{program_digest(program)}"),
-                              ctypes.c_void_p).value
+        address = _symbols(lib, f"hn_{program_digest(program)}")
     except (OSError, KeyError, TypeError, ValueError, AttributeError) as exc:
         OBJECTS.discard_library(key, f"{type(exc).__name__}: {exc}")
         return None
     return LLVMKernel(program, address, {"load": time.perf_counter() - start},
                       from_disk=True, keep=lib)
+
+
+def _symbols(lib, symbol) -> tuple:
+    """(hn_entry's, hn_call's) addresses in a loaded library."""
+    return tuple(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+                 for name in (symbol, symbol + CALL_SUFFIX))
 
 
 # ---- compiling ---------------------------------------------------------------------------
@@ -202,8 +208,8 @@ def _compile(program, key) -> LLVMKernel:
     llvm, tm = st["llvm"], st["tm"]
     symbol = f"hn_{program_digest(program)}"
     t0 = time.perf_counter()
-    mod = llvm.parse_assembly(_tuned(program.source.replace(f'@"{program.entry}"',
-                                                            f'@"{symbol}"')))
+    text = program.source.replace(f'@"{program.entry}"', f'@"{symbol}"')
+    mod = llvm.parse_assembly(_tuned(text.replace(f'@"{CALL}"', f'@"{symbol}{CALL_SUFFIX}"')))
     mod.triple, mod.data_layout = st["triple"], str(tm.target_data)
     mod.verify()
     t1 = time.perf_counter()
@@ -250,21 +256,26 @@ def _as_library(program, key, obj, symbol, phases, optimized):
             os.rmdir(os.path.dirname(path))
         else:
             lib = ctypes.CDLL(path)
-    address = ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value
+    address = _symbols(lib, symbol)
     phases["link_and_load"] = time.perf_counter() - t0
     return LLVMKernel(program, address, phases, optimized_ir=optimized, keep=lib)
 
 
-_LOADED = {}  # symbol -> address (an object is added to the engine once per process)
+_LOADED = {}  # (symbol, call) -> address(es): an object is added to the engine once
 
 
-def _loaded(engine, llvm, symbol, obj) -> int:
-    address = _LOADED.get(symbol)
+def _loaded(engine, llvm, symbol, obj, call=True):
+    """The address of `symbol` in an object added to the MCJIT engine, with hn_call's
+    (a tuple) when `call`."""
+    key = (symbol, call)
+    address = _LOADED.get(key)
     if address is None:
         engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
         engine.finalize_object()
-        address = engine.get_function_address(symbol)
-        if not address:
+        names = (symbol, symbol + CALL_SUFFIX) if call else (symbol,)
+        address = tuple(engine.get_function_address(name) for name in names)
+        if not all(address):
             raise RuntimeError(f"llvm engine: {symbol} not found in its object code")
-        _LOADED[symbol] = address
+        address = address if call else address[0]
+        _LOADED[key] = address
     return address

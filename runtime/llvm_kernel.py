@@ -1,10 +1,16 @@
-"""Calling llvm-compiled kernels: one ctypes call of `hn_entry(bufs, fns, lo, hi)` per
-traced call, and the threads that share a big kernel's rows.
+"""Calling llvm-compiled kernels: one ctypes call per traced call, and the threads that
+share a big kernel's rows.
 
-A call gathers the buffer pointers of its arrays (inputs checked for shape and dtype and
-made C-contiguous, outputs and one scratch arena allocated with NumPy) into one pointer
-array; `fns` holds SciPy's BLAS ?gemm pointers (`scipy.linalg.cython_blas`), so the
-machine code names no address of this process. ctypes releases the GIL during the call.
+The fast path is `hn_call(arrays, static)` (compiler.lowering.llvm_call): the inputs,
+the outputs and one scratch arena (allocated with NumPy) go in as one tuple, and machine
+code checks each input (exact ndarray, dtype, sizes, C-contiguous, aligned) and gathers
+the buffer pointers, using object-layout words verified once on live objects
+(`fast_layout`; HYBRIDNET_FAST_CALL=0 turns it off). An input it refuses, and every call
+of a kernel that splits rows across threads, take the checked path: pointers gathered in
+Python (`hn_entry(bufs, fns, lo, hi)`), inputs converted or rejected with an error naming
+the kernel, shapes and dtypes. `fns` holds SciPy's BLAS ?gemm pointers
+(`scipy.linalg.cython_blas`), so the machine code names no address of this process.
+ctypes releases the GIL during the call.
 """
 
 import ctypes
@@ -124,6 +130,69 @@ def run_rows(entry, table, fns, rows):
         h.result()
 
 
+def _outputs(alloc) -> list:
+    """Output arrays: a new one per (shape, dtype), the same array for an index."""
+    outs = []
+    for a in alloc:
+        outs.append(outs[a] if isinstance(a, int) else np.empty(*a))
+    return outs
+
+
+CALL_TYPE = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.py_object, ctypes.c_void_p)
+_LAYOUT = []  # [header words or None], verified once
+
+
+def fast_layout():
+    """The object layout words of hn_call's table (compiler.lowering.llvm_call), read
+    from and checked against live objects of this Python and NumPy; None when anything
+    disagrees (another Python build, a NumPy whose arrays differ): kernels then gather
+    their pointers in Python."""
+    if not _LAYOUT:
+        _LAYOUT.append(_verified_layout())
+    return _LAYOUT[0]
+
+
+def _verified_layout():
+    word = ctypes.sizeof(ctypes.c_void_p)
+    if word != 8 or os.environ.get("HYBRIDNET_FAST_CALL", "1") == "0":
+        return None
+    c_order = np.zeros((3, 5), np.float32)
+    strided = c_order[:, ::2]
+    pair = (c_order, strided)
+    type_at, items_at, data_at, nd_at, dims_at, descr_at, flags_at = 8, 24, 16, 24, 32, 56, 64
+    mask = 0x0001 | 0x0100  # NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED
+
+    def read(obj, at, ctype):
+        return ctype.from_address(id(obj) + at).value
+    try:
+        ok = (read(pair, items_at, ctypes.c_void_p) == id(c_order)
+              and read(pair, items_at + word, ctypes.c_void_p) == id(strided)
+              and all(read(a, type_at, ctypes.c_void_p) == id(np.ndarray) for a in pair)
+              and all(read(a, data_at, ctypes.c_void_p) == a.ctypes.data for a in pair)
+              and all(read(a, nd_at, ctypes.c_int) == a.ndim for a in pair)
+              and all(read(a, descr_at, ctypes.c_void_p) == id(a.dtype) for a in pair)
+              and read(c_order, flags_at, ctypes.c_int) & mask == mask
+              and not read(strided, flags_at, ctypes.c_int) & 0x0001)
+        dims = read(strided, dims_at, ctypes.c_void_p)
+        ok = ok and [ctypes.c_int64.from_address(dims + 8 * d).value for d in range(2)] == [3, 3]
+    except (ValueError, OSError):
+        ok = False
+    return [type_at, id(np.ndarray), items_at, data_at, nd_at, dims_at, descr_at,
+            flags_at, mask] if ok else None
+
+
+def _fast_call(kernel):
+    """(hn_call as a ctypes function, its static table, the table's address) for
+    `kernel`, or Nones."""
+    header = fast_layout()
+    if header is None or kernel._call_address is None or kernel._rows:
+        return None, None, None
+    kernel._dtypes = [np.dtype(dtype) for _, dtype in kernel._inputs]  # (kept alive)
+    static = np.array(header + [kernel._fns_address] + [id(d) for d in kernel._dtypes] +
+                      kernel._consts + kernel._temp_offsets, dtype=np.int64)
+    return CALL_TYPE(kernel._call_address), static, static.ctypes.data
+
+
 class LLVMKernel:
     """A compiled LLProgram at `address` (the hn_entry of its machine code); call it with
     the graph's input arrays (like CompiledKernel). `phases`: seconds per compile phase;
@@ -141,9 +210,12 @@ class LLVMKernel:
         self.optimized_ir = optimized_ir
         self._keep = keep
         self.filename = f"<hybridnet-llvm-{program_digest(program)}>"
+        address, call = address if isinstance(address, tuple) else (address, None)
         self._entry = ENTRY_TYPE(address)
+        self._call_address = call
         self._fns = np.array(_gemm_pointers(program.fns) or [0], dtype=np.uintp)
         self._prepare_layout()
+
     def refresh(self):
         """Take the program's settings again (after the backend changed them)."""
         self._prepare_layout()
@@ -164,9 +236,33 @@ class LLVMKernel:
         self._same = list(p.same_as) or list(range(len(p.outputs)))
         self._status = int(getattr(p, "status", -1))
         self._first_temp = len(p.inputs) + len(p.consts) + len(p.outputs)
+        self._call, self._static, self._static_address = _fast_call(self)
+        self._alloc = [(shape, dtype) if j == same else same for j, ((shape, dtype), same)
+                       in enumerate(zip(self._outputs, self._same))]
+        self._plain_outs = self._same == list(range(len(self._outputs)))
         self.fn = self.__call__
 
     def __call__(self, *arrays):
+        call = self._call
+        if call is not None and len(arrays) == len(self._inputs):
+            if self._plain_outs:
+                outs = [np.empty(shape, dtype) for shape, dtype in self._outputs]
+            else:
+                outs = _outputs(self._alloc)
+            items = arrays + tuple(outs)
+            if self._temp_offsets:
+                items += (np.empty(self._arena, np.uint8),)
+            if self.program.uses_blas:
+                blas.kernel_threads(self._large)
+            status = call(items, self._static_address)
+            if status == 0:
+                return outs[0] if self.program.single_output else tuple(outs)
+            if status > 0:
+                raise IndexError(f"compiled kernel {self.filename}: an index of take or "
+                                 "scatter_add is out of range")
+        return self._checked(*arrays)  # (-1: an input to check, convert or reject)
+
+    def _checked(self, *arrays):
         if len(arrays) != len(self._inputs):
             raise TypeError(f"compiled kernel {self.filename}: {len(arrays)} inputs, "
                             f"expected {len(self._inputs)}")
@@ -176,8 +272,8 @@ class LLVMKernel:
             if a.shape != shape or a.dtype != dtype:
                 raise ValueError(f"compiled kernel {self.filename}: input {dtype}"
                                  f"{list(shape)} got {a.dtype}{list(a.shape)}")
-            if not a.flags.c_contiguous:
-                a = np.ascontiguousarray(a)
+            if not (a.flags.c_contiguous and a.flags.aligned):
+                a = np.require(a, requirements="CA")
                 keep.append(a)
             ptrs.append(a.__array_interface__["data"][0])
         ptrs += self._consts
@@ -205,6 +301,13 @@ class LLVMKernel:
             raise IndexError(f"compiled kernel {self.filename}: an index of take or "
                              "scatter_add is out of range")
         return outs[0] if self.program.single_output else tuple(outs)
+
+    @property
+    def fast(self) -> bool:
+        """Does a call gather its buffers in machine code (hn_call, compiler.lowering.
+        llvm_call)? False for kernels that split their rows across threads, and where
+        this Python's object layout could not be verified."""
+        return self._call is not None
 
     @property
     def llvm_ir(self) -> str:

@@ -112,7 +112,8 @@ def llvm_apply(name, x):
         parsed.triple, parsed.data_layout = st["triple"], str(st["tm"].target_data)
         llvm_engine._optimize(parsed, st["tm"])
         obj = st["tm"].emit_object(parsed)
-        address = llvm_engine._loaded(st["engine"], llvm, f"hn_test_map_{name}", obj)
+        address = llvm_engine._loaded(st["engine"], llvm, f"hn_test_map_{name}", obj,
+                                     call=False)
         fn = _MAPPERS[name] = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p,
                                                 ctypes.c_int64)(address)
     x = np.ascontiguousarray(x, np.float32)

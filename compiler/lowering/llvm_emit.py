@@ -25,6 +25,7 @@ from ..ir import pad_shape as _pad
 from ..passes.fusion import LoopGroup, partition
 from . import llvm_scalar as S
 from .llvm_buf import I8P, I32, I64, Buf, contiguous
+from .llvm_call import emit_call
 from .llvm_groups import LLGroup
 from .llvm_nodes import NODE_RULES
 from .llvm_program import (
@@ -332,6 +333,7 @@ def _entry(module, kernel_fn, n_bufs):
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     b.call(kernel_fn, list(fn.args))
     b.ret_void()
+    return fn
 
 
 # Instructions (before optimization) per kernel part.
@@ -403,15 +405,16 @@ def lower_llvm(graph) -> LLProgram:
     if k.serial_only:
         split = 0
     k = _emit(graph, units, len(k.temps), split)
-    _entry(k.module, k.kernel, k.n_bufs)
-    source = str(k.module)
+    entry = _entry(k.module, k.kernel, k.n_bufs)
     program = LLProgram(
-        source, [(_pad(n.shape), np.dtype(n.dtype)) for n in graph.inputs],
+        "", [(_pad(n.shape), np.dtype(n.dtype)) for n in graph.inputs],
         [np.ascontiguousarray(np.asarray(n.attrs["value"], n.dtype)) for n in k.consts],
         [(_pad(n.shape), np.dtype(n.dtype)) for n in graph.outputs], list(k.temps),
         list(k.fn_names), units)
     program.same_as = same_outputs(graph)
     program.status = -1 if k._status is None else k._status.slot - k._first_temp
+    emit_call(k.module, entry, program, k.n_bufs, k._first_temp)
+    program.source = str(k.module)
     program.uses_blas = bool(k.fn_names)
     program.single_output = len(graph.outputs) == 1
     program.split_rows = split

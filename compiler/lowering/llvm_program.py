@@ -12,6 +12,7 @@ from ..ir import pad_shape as _pad
 from ..loop import is_loop
 
 ENTRY = "hn_entry"
+CALL = "hn_call"  # (compiler.lowering.llvm_call)
 # The ops the llvm backend lowers (the keys of llvm_scalar.RULES and llvm_nodes.NODE_RULES,
 # and the reductions; a test keeps them equal), and the dtypes it has types for.
 SCALAR_OPS = frozenset({
