@@ -159,7 +159,7 @@ def _inputs(batch):
 
 
 def _compiled(fn, args):
-    traced = hn.trace(fn)
+    traced = hn.trace(fn, backend="numba")
     with hn.no_grad():
         traced(*args)
         out = [t.numpy() for t in traced(*args)]
@@ -194,7 +194,7 @@ def test_a_graph_over_the_cap_runs_eagerly_with_the_reason(monkeypatch):
     monkeypatch.setenv("HYBRIDNET_KERNEL_BUDGET", "16")
     monkeypatch.setenv("HYBRIDNET_KERNEL_CAP", "60")
     args = _inputs(4)
-    traced = hn.trace(_medium)
+    traced = hn.trace(_medium, backend="numba")
     with hn.no_grad():
         expected = [t.numpy() for t in _medium(*args)]
         for _ in range(3):

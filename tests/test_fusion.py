@@ -60,7 +60,7 @@ def test_reduction_over_leading_dim_uses_a_buffer():
 
 
 def test_generated_source_is_inspectable_and_in_linecache():
-    f = hn.trace(lambda x: (x * 3.0).tanh())
+    f = hn.trace(lambda x: (x * 3.0).tanh(), backend="numba")
     x = hn.randn(8)
     f(x), f(x)
     src = f.source
@@ -86,7 +86,7 @@ def test_independent_chains_over_one_domain_share_a_loop():
 
 def test_big_loops_run_in_parallel_and_stay_correct():
     from compiler.lowering.numba_codegen import PARALLEL_THRESHOLD
-    f = hn.trace(lambda x: (x * 2.0 + 1.0).tanh())
+    f = hn.trace(lambda x: (x * 2.0 + 1.0).tanh(), backend="numba")
     x = hn.randn(PARALLEL_THRESHOLD)
     f(x)
     np.testing.assert_allclose(f(x).numpy(), np.tanh(x.numpy() * 2 + 1), rtol=1e-6, atol=1e-6)
@@ -96,7 +96,7 @@ def test_big_loops_run_in_parallel_and_stay_correct():
 def test_dead_buffers_are_reused_and_results_stay_right():
     layers = [hn.nn.Linear(16, 16) for _ in range(4)]
     model = hn.nn.Sequential(*[m for lin in layers for m in (lin, hn.nn.ReLU())])
-    traced = hn.trace(model)
+    traced = hn.trace(model, backend="numba")
     with hn.no_grad():
         for batch in (8, 8, 3, 3):
             x = hn.randn(batch, 16)
@@ -109,7 +109,7 @@ def test_dead_buffers_are_reused_and_results_stay_right():
 
 def test_long_float32_sums_accumulate_in_float64():
     x = hn.tensor(np.random.default_rng(0).standard_normal(1 << 20).astype(np.float32) + 3)
-    f = hn.trace(lambda t: t.var())
+    f = hn.trace(lambda t: t.var(), backend="numba")
     f(x)
     ref = np.var(x.numpy().astype(np.float64), ddof=1)
     assert abs(float(f(x)) - ref) / ref < 1e-6

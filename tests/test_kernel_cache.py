@@ -9,7 +9,7 @@ import numpy as np
 
 _SCRIPT = textwrap.dedent("""
     import numpy as np, hybridnet as hn
-    f = hn.trace(lambda x: (x * 1.5 + 0.1).tanh() * hn.sigmoid(x))
+    f = hn.trace(lambda x: (x * 1.5 + 0.1).tanh() * hn.sigmoid(x), backend="numba")
     x = hn.tensor(np.linspace(-3, 3, 64, dtype=np.float32))
     f(x)
     y = f(x)

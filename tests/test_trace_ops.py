@@ -359,7 +359,7 @@ def test_second_shape_same_rank(name, fn, shapes_a, shapes_b):
 
 
 def test_second_shape_reuses_generic_kernel():
-    tf = hn.trace(lambda x: (x * 3.0).exp().sum(-1))
+    tf = hn.trace(lambda x: (x * 3.0).exp().sum(-1), backend="numba")
     for shape in ((3, 4), (3, 4), (7, 2), (7, 2)):
         x = hn.from_numpy(make_inputs([R(shape)], np.float32, 1)[0])
         with hn.no_grad():
@@ -492,7 +492,7 @@ def test_code_numba_rejects_runs_eagerly_with_the_reason(monkeypatch):
     from runtime.cache import KernelCache
     monkeypatch.setattr(pipeline, "_KERNELS", KernelCache())  # keep the bad kernel local
     monkeypatch.setitem(rules.RULES, "cos", lambda a, node, ctx: f"np.cos({a[0]}, 1, 2, 3)")
-    tf = hn.trace(lambda x: x.cos() * 2.0)
+    tf = hn.trace(lambda x: x.cos() * 2.0, backend="numba")
     x = hn.ones(3)
     with hn.no_grad():
         for _ in range(3):

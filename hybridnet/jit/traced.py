@@ -515,17 +515,18 @@ def _describe_inputs(key) -> str:
 
 
 def default_backend() -> str:
-    """HYBRIDNET_BACKEND if set ("numba" or "llvm"), else "numba"."""
-    return os.environ.get("HYBRIDNET_BACKEND", "").strip() or "numba"
+    """HYBRIDNET_BACKEND if set ("numba" or "llvm"), else "llvm"."""
+    return os.environ.get("HYBRIDNET_BACKEND", "").strip() or "llvm"
 
 
 def trace(fn=None, *, backend=None, dynamic=None, cache_limit=8):
     """Compile `fn` (a function of tensors, or an hn.nn.Module) with the tracing JIT.
 
-    `backend`: "numba" (generated loops compiled by Numba) or "llvm" (LLVM IR from
-    llvmlite: compiles in milliseconds, exact shapes, object code cached on disk; a graph
-    it cannot lower is compiled by numba, and `hn.explain` says why). None: the
-    HYBRIDNET_BACKEND environment variable, else "numba".
+    `backend`: "llvm" (LLVM IR from llvmlite: compiles in milliseconds, exact shapes,
+    object code cached on disk; a graph it cannot lower, such as a rerolled loop that
+    must serve every length, is compiled by numba, and `hn.explain` says why) or "numba"
+    (generated loops compiled by Numba: slower to compile, size-generic). None: the
+    HYBRIDNET_BACKEND environment variable, else "llvm".
 
     Use as `@hn.trace`, `@hn.trace(cache_limit=4)` or `hn.trace(model)`; a traced module
     still behaves as the module (attributes, `parameters()`, `train()`... pass through).
