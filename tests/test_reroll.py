@@ -211,7 +211,7 @@ def test_traced_loss_and_gradients_equal_eager_over_lengths_with_one_compile(kin
     def loss_of(xs, target):
         return F.mse_loss(_forward(cell, xs), target)
 
-    traced = hn.trace(loss_of)
+    traced = hn.trace(loss_of, backend="numba")  # (llvm: test_llvm_lengths.py)
     rng = np.random.default_rng(0)
     lengths = [9, 13] + list(range(1, 101, 9)) + [100, 2, 9]
     for steps in lengths:
@@ -227,7 +227,7 @@ def test_traced_loss_and_gradients_equal_eager_over_lengths_with_one_compile(kin
 
 def test_inference_over_every_length_from_1_to_100_compiles_once():
     cell = _cell("rnn")
-    traced = hn.trace(lambda xs: _forward(cell, xs, collect=True))
+    traced = hn.trace(lambda xs: _forward(cell, xs, collect=True), backend="numba")
     rng = np.random.default_rng(1)
     with hn.no_grad():
         for steps in [20, 31] + list(range(1, 101)):
@@ -296,7 +296,7 @@ def test_a_size_only_python_reads_never_becomes_symbolic():
 
 def test_create_graph_through_a_generalized_call_of_another_length_raises_clearly():
     cell = _cell("rnn")
-    traced = hn.trace(lambda xs: _forward(cell, xs).sum())
+    traced = hn.trace(lambda xs: _forward(cell, xs).sum(), backend="numba")
     for steps in (8, 10):
         traced(hn.randn(steps, 3, 4)).backward()
     assert any(e["kind"] == "generalize" for e in traced.stats.events)
@@ -428,7 +428,7 @@ def test_rnn_modules_compile_once_for_every_length(cls, layers):
     names steps * batch), so their loops generalize too."""
     hn.manual_seed(8)
     model = cls(4, 6, layers)
-    traced = hn.trace(model)
+    traced = hn.trace(model, backend="numba")
     rng = np.random.default_rng(8)
     for steps in (9, 12, 20, 15, 31):
         x = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
@@ -458,7 +458,7 @@ def test_a_loop_nested_in_a_loop_rerolls_at_both_levels_and_generalizes_both_len
             h = h * 0.5
         return h
 
-    traced = hn.trace(f)
+    traced = hn.trace(f, backend="numba")
     rng = np.random.default_rng(7)
     # (sizes generalize one at a time: (4, 9) -> (5, 9) makes the outer one symbolic,
     # (5, 12) the inner one)
@@ -489,7 +489,7 @@ def test_a_linear_over_the_stacked_outputs_generalizes_across_lengths():
             outs.append(h)
         return decoder(hn.stack(outs)).reshape(-1, 3).sum(1)
 
-    traced = hn.trace(f)
+    traced = hn.trace(f, backend="numba")
     rng = np.random.default_rng(8)
     with hn.no_grad():
         for steps in (9, 12, 15, 20, 9, 31):

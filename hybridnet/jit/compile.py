@@ -73,6 +73,7 @@ def compile_trace(tg, dynamic, backend="numba") -> CompileResult:
         result.backward = Backward(split, bexe, bkernel, bprogram, breused,
                                    inputs_read_by_vjps(tg.graph), reach)
         result.backward.fallback = bfallback
+        result.backward.backend = "numba" if bfallback or backend == "numba" else backend
     result.seconds = time.perf_counter() - start
     return result
 
@@ -99,6 +100,8 @@ class Backward:
         # graph inputs eager's vjps would read (updated in place before the backward, it
         # raises as eager does)
         self.saved_inputs = saved_inputs
+        self.backend = "numba"  # the backend that compiled it
+        self.fallback = None
 
 
 __all__ = ["compile_trace", "CompileResult", "LoweringError"]

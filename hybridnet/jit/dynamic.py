@@ -17,6 +17,7 @@ took. Such functions should pass `dynamic=False`.
 
 
 from compiler.loop import is_loop, traced_trip
+from runtime.backends import get_backend
 from runtime.pipeline import program_key
 
 
@@ -113,6 +114,14 @@ def mask_metas(metas, dims) -> tuple:
 def mask_key(key, dims) -> tuple:
     """`key` with its tensor sizes at `dims` symbolic."""
     return (key[0], mask_metas(key[1], dims)) + tuple(key[2:])
+
+
+def exact(trace) -> bool:
+    """Was `trace` compiled for exact shapes (the llvm backend: a loop for its traced trip
+    count), so that serving other lengths needs a size-generic compile first?"""
+    res = trace.result
+    names = [res.backend] + ([res.backward.backend] if res.backward is not None else [])
+    return any(get_backend(n).exact_shapes for n in names)
 
 
 def same_code(a, b) -> bool:

@@ -25,7 +25,14 @@ from ..dispatch import node_of
 from ..nn.module import STRUCTURE_VERSION, Module
 from .build import Untraceable, build
 from .compile import LoweringError, compile_trace
-from .dynamic import differing_dims, least_sizes, mask_key, same_code, trip_dims
+from .dynamic import (
+    differing_dims,
+    exact,
+    least_sizes,
+    mask_key,
+    same_code,
+    trip_dims,
+)
 from .guards import make_guard
 from .keys import (
     describe_dim,
@@ -43,6 +50,11 @@ from .stats import Stats
 
 HOT_PATH_THRESHOLD = 2  # a side-exit path seen this often gets compiled
 STALE_LIMIT = 4  # a key whose traces go stale this often runs eagerly
+# Lengths a rerolled loop is compiled for exactly by an exact-shape backend (llvm: well
+# under a second each) before a further length makes its trip count symbolic (numba's
+# size-generic code: one slower compile serves every length). So a loop of a fixed
+# length (an RNN over 35 steps, with one shorter last batch) never waits for numba.
+EXACT_LENGTHS = 2
 
 try:
     _ENV = os.environ._data  # the encoded dict behind os.environ (POSIX): a cheap lookup
@@ -274,7 +286,10 @@ class TracedFunction:
 
     def _compile_into(self, entry, tg, args, kwargs, flat):
         try:
-            res = compile_trace(tg, self.dynamic, self.backend)
+            # (dynamic=None with an exact-shape backend: loops compile for their traced
+            # trip count until EXACT_LENGTHS lengths were seen, see _generalize)
+            exact = self.dynamic is None and get_backend(self.backend).exact_shapes
+            res = compile_trace(tg, False if exact else self.dynamic, self.backend)
         except LoweringError as exc:
             entry.fallback = str(exc)
             self._hot = [e for e in self._hot if e is not entry]
@@ -300,10 +315,12 @@ class TracedFunction:
     def _generalize(self, entry, args, kwargs):
         """Merge `entry` into a specialization it differs from only in the lengths its
         loops iterate over, when both run the same code: those sizes become symbolic
-        (see dynamic.py)."""
+        (see dynamic.py). Traces compiled for exact shapes (llvm) are merged once
+        EXACT_LENGTHS other lengths were seen, after compiling both size-generic."""
         if len(entry.traces) != 1:
             return
         mine = entry.traces[0]
+        pairs = []
         for other in list(self.specializations.values()):
             if other is entry or len(other.traces) != 1 or other.fallback is not None:
                 continue
@@ -311,10 +328,23 @@ class TracedFunction:
             theirs = other.traces[0]
             # (one size at a time: two sizes that moved together in two calls, say a
             # loop's length and the size it slices with a fixed gap, cannot be told apart)
-            if not dims or len(dims) != 1 or not trip_dims(
-                    other.key, entry.key, dims, theirs.result, mine.result) or \
-                    not same_code(theirs, mine):
+            if dims and len(dims) == 1 and trip_dims(
+                    other.key, entry.key, dims, theirs.result, mine.result):
+                pairs.append((other, dims))
+        if exact(mine):
+            if len(pairs) < EXACT_LENGTHS:
+                return
+            mine = self._generic(mine)
+            if mine is None:
+                return
+        for other, dims in pairs:
+            theirs = self._generic(other.traces[0])
+            if theirs is None or not same_code(theirs, mine):
                 continue
+            if theirs is not other.traces[0]:
+                other.traces[0] = theirs
+                self.stats.compiles += 1
+                self.stats.event("backend_fallback", theirs.result.fallback)
             spec = entry.key[0]
             symbolic = other.symbolic | dims
             masks = self._symbolic.setdefault(spec, set())
@@ -335,6 +365,21 @@ class TracedFunction:
                              f"{_describe_dims(symbolic, entry.key)}): one specialization serves "
                              "every length")
             return
+
+    def _generic(self, trace):
+        """`trace` compiled size-generic (by numba: lowered now, compiled at its first
+        run), or None if that fails; made once per trace."""
+        if not exact(trace):
+            return trace
+        if not hasattr(trace, "generic"):
+            try:
+                res = compile_trace(trace.tg, self.dynamic, "numba")
+                res.fallback = ("its loops serve every length now (symbolic trip counts), "
+                                "which needs numba's size-generic code: compiled by numba")
+                trace.generic = Trace(trace.tg, res, self.stats)
+            except LoweringError:
+                trace.generic = None
+        return trace.generic
 
     def _promote(self, entry):
         if self._hot and self._hot[0] is entry:

@@ -1,0 +1,92 @@
+"""Rerolled loops under the default backend (llvm, dynamic=None): the first
+EXACT_LENGTHS lengths compile for their exact trip count with llvm (fast); a further
+length makes the trip count symbolic, compiled once by numba for every length, while
+the exact specializations left keep serving their own lengths.
+
+Oracles: eager hybridnet (losses, parameter gradients) after every call.
+"""
+
+import numpy as np
+import pytest
+from trace_helpers import same_loss_and_grads
+
+import hybridnet as hn
+import hybridnet.nn as nn
+import hybridnet.nn.functional as F
+from hybridnet.jit.traced import EXACT_LENGTHS
+
+
+def _backends(entry):
+    res = entry.traces[0].result
+    return res.backend, None if res.backward is None else res.backward.backend
+
+
+def _over(cell, xs):
+    h = hn.zeros(3, 5)
+    for t in range(xs.shape[0]):
+        h = cell(xs[t], h)
+    return h
+
+
+@pytest.mark.parametrize("cls", [nn.RNNCell, nn.GRUCell])
+def test_two_lengths_compile_exactly_then_one_generic_kernel_serves_the_rest(cls):
+    assert EXACT_LENGTHS == 2
+    hn.manual_seed(3)
+    cell = cls(4, 5)
+    traced = hn.trace(lambda xs, target: F.mse_loss(_over(cell, xs), target))
+    assert traced.backend == "llvm"
+    rng = np.random.default_rng(3)
+
+    def call(steps):
+        xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
+        target = hn.tensor(rng.standard_normal((3, 5)).astype(np.float32))
+        same_loss_and_grads(traced, cell, xs, target)
+
+    for steps in (9, 9, 13, 13):
+        call(steps)
+    assert not any(e["kind"] == "generalize" for e in traced.stats.events)
+    assert all(_backends(e) == ("llvm", "llvm") for e in traced.specializations.values())
+    call(20)  # (a third length: symbolic)
+    assert any(e["kind"] == "generalize" for e in traced.stats.events), traced.stats.events
+    generic = [e for e in traced.specializations.values() if e.symbolic]
+    assert len(generic) == 1 and _backends(generic[0]) == ("numba", "numba")
+    assert "symbolic" in generic[0].traces[0].result.fallback
+    kinds = [e["kind"] for e in traced.stats.events]
+    assert "backend_fallback" in kinds, kinds
+    traces = traced.stats.traces
+    for steps in (31, 20, 9, 13, 50, 13):  # (no new trace: generic, or 13's exact kernel)
+        call(steps)
+    assert traced.stats.traces == traces, traced.stats
+    assert len(traced.specializations) == EXACT_LENGTHS
+    exact = [e for e in traced.specializations.values() if not e.symbolic]
+    assert [_backends(e) for e in exact] == [("llvm", "llvm")]
+
+
+def test_a_fixed_length_training_step_never_waits_for_numba():
+    hn.manual_seed(4)
+    cell = nn.LSTMCell(4, 6)
+    head = nn.Linear(6, 2)
+    params = list(cell.parameters()) + list(head.parameters())
+    opt = hn.optim.SGD(params, lr=0.1)
+
+    def step(xs, y):
+        opt.zero_grad()
+        h = c = hn.zeros(3, 6)
+        for t in range(xs.shape[0]):
+            h, c = cell(xs[t], (h, c))
+        loss = F.cross_entropy(head(h), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    traced = hn.trace(step)
+    rng = np.random.default_rng(4)
+    xs = hn.tensor(rng.standard_normal((35, 3, 4)).astype(np.float32))
+    y = hn.tensor(rng.integers(0, 2, 3))
+    for _ in range(5):  # (the first two run eagerly: the second finds .grad set)
+        traced(xs, y)
+    entry = list(traced.specializations.values())[-1]
+    result = entry.traces[0].result
+    assert result.backend == "llvm" and result.fallback is None
+    assert any(n.op == "loop" for n in result.optimized.nodes)
+    assert traced.stats.compiled_calls >= 3
