@@ -14,7 +14,8 @@ Medians of repeated runs in this one process, as ratios to the traced step.
 W4: a tanh RNNCell(64, 128), batch 32, over a stream of sequences of lengths 8..64: the
 forward over the sequence, an MSE loss on the last state, backward. Total time of the
 first pass over the stream (every compile included, into an empty kernel cache) and of
-a second, warm pass.
+a second, warm pass. The whole loss traced with each backend: llvm (the default)
+compiles the first two lengths exactly, then one numba kernel serves every length.
 """
 
 import argparse
@@ -206,17 +207,17 @@ def _w4_stream(n_seq):
              rng.standard_normal((32, 128)).astype(np.float32)) for n in lengths]
 
 
-def _hn_w4(stream, mode):
+def _hn_w4(stream, mode, backend=None):
     hn.manual_seed(0)
     cell = nn.RNNCell(64, 128)
-    step = hn.trace(cell) if mode == "cell" else cell
+    step = hn.trace(cell, backend=backend) if mode == "cell" else cell
 
     def loss_of(xs, target):
         h = hn.zeros(32, 128)
         for t in range(xs.shape[0]):
             h = step(xs[t], h)
         return F.mse_loss(h, target)
-    loss_fn = hn.trace(loss_of) if mode == "loss" else loss_of
+    loss_fn = hn.trace(loss_of, backend=backend) if mode == "loss" else loss_of
     data = [(hn.from_numpy(xs), hn.from_numpy(t)) for xs, t in stream]
 
     def run():
@@ -276,10 +277,13 @@ def _jax_w4(jax, stream):
 def bench_w4(quick):
     stream = _w4_stream(40 if quick else 200)
     rows, notes = [], []
-    for name, mode in (("hn @trace on the cell", "cell"), ("hn @trace on the whole loss", "loss"),
-                       ("hn eager", None)):
+    for name, mode, backend in (
+            ("hn @trace on the cell", "cell", None),
+            ("hn @trace on the whole loss (llvm, the default)", "loss", "llvm"),
+            ("hn @trace(backend='numba') on the whole loss", "loss", "numba"),
+            ("hn eager", None, None)):
         with empty_kernel_cache():
-            cold, warm, traced = _hn_w4(stream, mode)
+            cold, warm, traced = _hn_w4(stream, mode, backend)
         rows.append({"impl": name, "cold": cold, "warm": warm})
         if traced is not None:
             notes.append(f"{name}: {traced.stats}")

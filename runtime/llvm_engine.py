@@ -18,6 +18,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -33,6 +34,36 @@ CALL_SUFFIX = "_c"  # hn_call's symbol: the entry's, with this suffix
 # LLVM's state is global and llvmlite releases the GIL inside it: one compile at a time
 # (threads that trace at once crashed in LLVM without it).
 _LOCK = threading.RLock()
+
+
+def _llvmlite_lock():
+    """llvmlite's own lock around its C API (one per process), once it is imported."""
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    return getattr(getattr(getattr(ffi, "lib", None), "_lock", None), "_lock", None)
+
+
+def _before_fork():
+    """Wait for a compile another thread runs, and hold LLVM's locks across the fork: a
+    child forked in the middle of one inherited them held by a thread it does not have,
+    and its next compile hung (review). The child gets LLVM's state between compiles."""
+    _LOCK.acquire()
+    lock = _llvmlite_lock()
+    if lock is not None:
+        lock.acquire()
+    _FORK_HELD.append(lock)
+
+
+def _after_fork():
+    lock = _FORK_HELD.pop() if _FORK_HELD else None
+    if lock is not None:
+        lock.release()
+    _LOCK.release()
+
+
+_FORK_HELD = []
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork,
+                        after_in_child=_after_fork)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _CODE_FILES = [os.path.join(_HERE, f) for f in ("llvm_engine.py", "llvm_kernel.py",
                                                 "objcache.py")]

@@ -56,7 +56,7 @@ def convert(b, value, src, dst):
     if src.kind == "f" and dst.kind == "f":
         return b.fpext(value, to) if dst.itemsize > src.itemsize else b.fptrunc(value, to)
     if src.kind == "f":
-        return _float_to_int(b, value, to)
+        return _float_to_int(b, value, to, unsigned=dst.kind == "u")
     if dst.kind == "f":
         return b.sitofp(value, to) if src.kind == "i" else b.uitofp(value, to)
     if dst.itemsize < src.itemsize:
@@ -66,15 +66,21 @@ def convert(b, value, src, dst):
     return value
 
 
-def _float_to_int(b, value, to):
-    """float -> integer as NumPy does on x86 (cvttsd2si): truncation toward zero, and the
-    'integer indefinite' INT64_MIN for nan, inf and values out of range (a bare fptosi
-    would be poison there, which LLVM may fold into anything), then narrowed."""
-    lo, hi = ir.Constant(value.type, -2.0 ** 63), ir.Constant(value.type, 2.0 ** 63)
+def _float_to_int(b, value, to, unsigned=False):
+    """float -> integer as NumPy does on x86 (cvttss2si/cvttsd2si): truncation toward
+    zero, and the 'integer indefinite' INT_MIN of the conversion's width for nan, inf and
+    values out of range (a bare fptosi would be poison there, which LLVM may fold into
+    anything), then narrowed. The width is 32 bits for int8/16/32 and uint8/16 (int32's
+    INT_MIN, narrowed: 0), 64 for int64, uint32 and uint64 (whose out-of-range values
+    NumPy leaves to the C compiler: they may differ from eager's)."""
+    bits = 32 if to.width < 32 or (to.width == 32 and not unsigned) else 64
+    wide_ty = ir.IntType(bits)
+    lo = ir.Constant(value.type, -2.0 ** (bits - 1))
+    hi = ir.Constant(value.type, 2.0 ** (bits - 1))
     ok = b.and_(b.fcmp_ordered(">=", value, lo), b.fcmp_ordered("<", value, hi))
     safe = b.select(ok, value, ir.Constant(value.type, 0.0))
-    wide = b.select(ok, b.fptosi(safe, I64), ir.Constant(I64, -2 ** 63))
-    return wide if to == I64 else b.trunc(wide, to)
+    wide = b.select(ok, b.fptosi(safe, wide_ty), ir.Constant(wide_ty, -2 ** (bits - 1)))
+    return wide if to.width == bits else b.trunc(wide, to)
 
 
 def to_memory(b, value, dtype):
