@@ -154,8 +154,9 @@ def fast_layout():
 
 def _verified_layout():
     word = ctypes.sizeof(ctypes.c_void_p)
-    if word != 8 or os.environ.get("HYBRIDNET_FAST_CALL", "1") == "0":
-        return None
+    if word != 8 or sys.implementation.name != "cpython" or \
+            os.environ.get("HYBRIDNET_FAST_CALL", "1") == "0":
+        return None  # (id() is an object's address in CPython only)
     c_order = np.zeros((3, 5), np.float32)
     strided = c_order[:, ::2]
     pair = (c_order, strided)

@@ -332,7 +332,8 @@ class TracedFunction:
                     other.key, entry.key, dims, theirs.result, mine.result):
                 pairs.append((other, dims))
         if exact(mine):
-            if len(pairs) < EXACT_LENGTHS:
+            # (not yet, unless a specialization it pairs with serves every length already)
+            if len(pairs) < EXACT_LENGTHS and all(exact(o.traces[0]) for o, _ in pairs):
                 return
             mine = self._generic(mine)
             if mine is None:
