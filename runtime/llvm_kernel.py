@@ -223,10 +223,12 @@ class LLVMKernel:
 
     def _prepare_layout(self):
         p = self.program
-        offsets, at = [], 0
-        for nbytes in p.temps:
-            offsets.append(at)
-            at += -(-nbytes // _ALIGN) * _ALIGN
+        offsets, at = list(p.temp_offsets), p.arena
+        if len(offsets) != len(p.temps):  # (no arena plan: one after the other)
+            offsets, at = [], 0
+            for nbytes in p.temps:
+                offsets.append(at)
+                at += -(-nbytes // _ALIGN) * _ALIGN
         self._temp_offsets, self._arena = offsets, at + _ALIGN
         self._inputs = [(tuple(s), d) for s, d in p.inputs]
         self._outputs = [(tuple(s), d) for s, d in p.outputs]

@@ -467,14 +467,21 @@ def test_loops_compile_with_llvm_forward_and_backward(name, steps):
         assert res.backward is None or res.backward.fallback is None, res.backward.fallback
 
 
-def test_loops_with_dynamic_lengths_stay_with_numba():
-    """Without dynamic=False a rerolled loop must serve every length: numba compiles it
-    (size-generic), and the reason is recorded."""
+def test_loops_that_serve_every_length_go_to_numba():
+    """A rerolled loop compiles for its exact length with llvm; once its lengths
+    generalize (a third length, test_llvm_lengths.py) it must serve every length: numba
+    compiles it (size-generic), and the reason is recorded."""
     models, _ = _loop_models()
     fn, _ = models["lstmcell-time"]
     tf, _ = traced_llvm(fn, hn.randn(5, 3, 6))
-    backend, reason = compiled_by(tf)
-    assert backend == "numba" and "dynamic=False" in reason
+    assert compiled_by(tf) == ("llvm", None)
+    with hn.no_grad():
+        for steps in (7, 7, 9, 9, 11):
+            x = hn.randn(steps, 3, 6)
+            np.testing.assert_allclose(tf(x).numpy(), fn(x).numpy(), rtol=1e-5, atol=1e-6)
+    (generic,) = [e for e in tf.specializations.values() if e.symbolic]
+    res = generic.traces[0].result
+    assert res.backend == "numba" and "symbolic" in res.fallback
 
 
 # ---- regressions from the adversarial review ---------------------------------------------

@@ -24,6 +24,8 @@ from ..errors import LoweringError
 from ..ir import pad_shape as _pad
 from ..passes.fusion import LoopGroup, partition
 from . import llvm_scalar as S
+from .llvm_arena import FOREVER
+from .llvm_arena import plan as plan_arena
 from .llvm_buf import I8P, I32, I64, Buf, contiguous
 from .llvm_call import emit_call
 from .llvm_groups import LLGroup
@@ -42,7 +44,8 @@ GEMM = {np.dtype(np.float32): "sgemm", np.dtype(np.float64): "dgemm"}
 class _Kernel:
     """One emission of hn_kernel (run twice: the first pass counts the temporaries)."""
 
-    def __init__(self, graph, units, n_temps, module=None, prefix="hn", fn_names=None):
+    def __init__(self, graph, units, n_temps, module=None, prefix="hn", fn_names=None,
+                 groups=None):
         self.graph, self.units = graph, units
         self.users = graph.users()
         self.outputs = {id(o) for o in graph.outputs}
@@ -73,6 +76,9 @@ class _Kernel:
         self.temps = []
         self.n_temps = n_temps
         self._first_temp = len(graph.inputs) + len(self.consts) + len(graph.outputs)
+        self.unit = 0  # the unit being emitted (lifetimes of temporaries: llvm_arena)
+        self.lives = []  # per temporary: [unit that made it, last unit that used it]
+        self.groups = groups  # per temporary: its arena group (None: one each)
 
     # -- buffers ---------------------------------------------------------------------------
 
@@ -107,6 +113,9 @@ class _Kernel:
     def pointer(self, buf):
         """The typed pointer of `buf`'s slot in the function being emitted."""
         key = (buf.slot, buf.dtype)
+        if buf.slot >= self._first_temp:
+            life = self.lives[buf.slot - self._first_temp]
+            life[1] = max(life[1], self.unit)
         found = self._ptrs.get(key)
         if found is None:
             if buf.slot < self.n_bufs:
@@ -163,12 +172,14 @@ class _Kernel:
     def new_temp(self, nbytes) -> int:
         """The slot of a new temporary of `nbytes`."""
         self.temps.append(int(nbytes))
+        self.lives.append([self.unit, self.unit])
         return self._first_temp + len(self.temps) - 1
 
     def status_buf(self) -> Buf:
         """The kernel's status byte (1: an index was out of range; LLProgram.status)."""
         if self._status is None:
             self._status = Buf(self.new_temp(64), np.dtype(np.uint8), (1,), (1,))
+            self.lives[-1] = [-1, FOREVER]  # (zeroed before the kernel, read after it)
         return self._status
 
     def temp_buf(self, shape, dtype) -> Buf:
@@ -193,13 +204,21 @@ class _Kernel:
 
     def load(self, buf, at):
         value = self.b.load(self.address(buf, at), align=buf.dtype.itemsize)
-        self._accesses.append((value, buf.slot))
+        self._accesses.append((value, self._scope(buf.slot)))
         return S.from_memory(self.b, value, buf.dtype)
 
     def store(self, buf, at, value):
         op = self.b.store(S.to_memory(self.b, value, buf.dtype), self.address(buf, at),
                           align=buf.dtype.itemsize)
-        self._accesses.append((op, buf.slot))
+        self._accesses.append((op, self._scope(buf.slot)))
+
+    def _scope(self, slot) -> str:
+        """A buffer's alias scope: its slot, or its arena group for a temporary sharing
+        bytes with others (llvm_arena)."""
+        k = slot - self._first_temp
+        if self.groups is not None and 0 <= k < len(self.groups):
+            return f"g{self.groups[k]}"
+        return f"b{slot}"
 
     def _alias_scopes(self):
         """Scoped no-alias metadata on the part's loads and stores: one scope per buffer
@@ -211,7 +230,7 @@ class _Kernel:
             return
         m = self.module
         domain = m.add_metadata([ir.MetaDataString(m, f"{self.fn.name}.buffers")])
-        scope = {s: m.add_metadata([ir.MetaDataString(m, f"{self.fn.name}.b{s}"), domain])
+        scope = {s: m.add_metadata([ir.MetaDataString(m, f"{self.fn.name}.{s}"), domain])
                  for s in slots}
         own = {s: m.add_metadata([scope[s]]) for s in slots}
         others = {s: m.add_metadata([scope[o] for o in slots if o != s]) for s in slots}
@@ -270,7 +289,8 @@ class _Kernel:
 
     def emit_units(self):
         self.begin_part()
-        for unit in self.units:
+        for i, unit in enumerate(self.units):
+            self.unit = i
             if self.part_size() > PART_BUDGET:
                 self.end_part()
                 self.begin_part()
@@ -284,6 +304,7 @@ class _Kernel:
             rule(self, node)
 
     def emit_outputs(self):
+        self.unit = len(self.units)
         base = len(self.graph.inputs) + len(self.consts)
         # (a repeated output of the kernel is the same array, see same_outputs; a loop
         # body writes each of its outputs, which the loop keeps apart)
@@ -385,8 +406,8 @@ def _emit_into(graph, units, n_temps, module, prefix, fn_names):
     return k
 
 
-def _emit(graph, units, n_temps, split=0):
-    k = _Kernel(graph, units, n_temps)
+def _emit(graph, units, n_temps, split=0, groups=None):
+    k = _Kernel(graph, units, n_temps, groups=groups)
     k.split = split
     k.bind_sources()
     k.emit_units()
@@ -401,10 +422,11 @@ def lower_llvm(graph) -> LLProgram:
     check_llvm_supported(graph, loops=True)
     units = partition(graph)
     split = split_rows(units)
-    k = _emit(graph, units, 0, split)  # (counts the temporaries)
+    k = _emit(graph, units, 0, split)  # (counts the temporaries, and their lifetimes)
     if k.serial_only:
         split = 0
-    k = _emit(graph, units, len(k.temps), split)
+    offsets, groups, arena = plan_arena(k.temps, k.lives, share=not split)
+    k = _emit(graph, units, len(k.temps), split, groups)
     entry = _entry(k.module, k.kernel, k.n_bufs)
     program = LLProgram(
         "", [(_pad(n.shape), np.dtype(n.dtype)) for n in graph.inputs],
@@ -412,6 +434,7 @@ def lower_llvm(graph) -> LLProgram:
         [(_pad(n.shape), np.dtype(n.dtype)) for n in graph.outputs], list(k.temps),
         list(k.fn_names), units)
     program.same_as = same_outputs(graph)
+    program.temp_offsets, program.arena = offsets, arena
     program.status = -1 if k._status is None else k._status.slot - k._first_temp
     emit_call(k.module, entry, program, k.n_bufs, k._first_temp)
     program.source = str(k.module)
@@ -421,7 +444,7 @@ def lower_llvm(graph) -> LLProgram:
     program.parallel = bool(split)
     program.finish()
     program.notes.append(f"llvm: {len(units)} units, {len(k.temps)} temporaries "
-                         f"({sum(k.temps)} bytes)")
+                         f"({sum(k.temps)} bytes, in an arena of {arena})")
     return program
 
 

@@ -97,6 +97,8 @@ class LLProgram:
     cost: int = 0
     same_as: list = field(default_factory=list)  # per output: the output it repeats
     status: int = -1  # the temporary holding the status byte (-1: none)
+    temp_offsets: list = field(default_factory=list)  # per temporary, in the arena
+    arena: int = 0  # bytes of the scratch arena (llvm_arena.plan)
 
     def to_meta(self) -> dict:
         """Plain data for the disk cache (JSON): everything but the constants and units."""
@@ -106,7 +108,8 @@ class LLProgram:
                 "fns": list(self.fns), "uses_blas": self.uses_blas,
                 "large_products": self.large_products, "single_output": self.single_output,
                 "split_rows": self.split_rows, "notes": list(self.notes),
-                "same_as": list(self.same_as), "status": self.status}
+                "same_as": list(self.same_as), "status": self.status,
+                "temp_offsets": list(self.temp_offsets), "arena": self.arena}
 
     @classmethod
     def from_meta(cls, meta, graph, units) -> "LLProgram":
@@ -124,11 +127,13 @@ class LLProgram:
         p.notes = [str(n) for n in meta["notes"]] + ["loaded from the disk cache"]
         p.same_as = [int(j) for j in meta["same_as"]]
         p.status = int(meta["status"])
+        p.temp_offsets, p.arena = [int(o) for o in meta["temp_offsets"]], int(meta["arena"])
         want = ([(tuple(_pad(n.shape)), np.dtype(n.dtype)) for n in graph.inputs],
                 [(tuple(_pad(n.shape)), np.dtype(n.dtype)) for n in graph.outputs])
         first = {}
         same = [first.setdefault(id(o), j) for j, o in enumerate(graph.outputs)]
         if (p.inputs, p.outputs) != want or any(t < 0 for t in p.temps) or p.same_as != same or \
+                not _arena_ok(p) or \
                 not -1 <= p.status < len(p.temps) or \
                 p.entry != ENTRY or not set(p.fns) <= {"sgemm", "dgemm"}:
             raise ValueError("the record does not match the graph")
@@ -138,9 +143,16 @@ class LLProgram:
     def finish(self):
         """Fill in what program_key compares besides the IR: the calling convention and
         the constants."""
-        self.driver = repr((self.inputs, self.outputs, self.temps, self.fns))
+        self.driver = repr((self.inputs, self.outputs, self.temps, self.temp_offsets,
+                            self.arena, self.fns))
         self.globals = {f"C{j}": c for j, c in enumerate(self.consts)}
         self.cost = self.source.count("\n")
+
+
+def _arena_ok(p) -> bool:
+    """Does every temporary lie inside the arena, at an aligned offset?"""
+    return len(p.temp_offsets) == len(p.temps) and all(
+        0 <= o and o % 64 == 0 and o + t <= p.arena for o, t in zip(p.temp_offsets, p.temps))
 
 
 def dumps(meta) -> bytes:

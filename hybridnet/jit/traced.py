@@ -332,8 +332,10 @@ class TracedFunction:
                     other.key, entry.key, dims, theirs.result, mine.result):
                 pairs.append((other, dims))
         if exact(mine):
-            # (not yet, unless a specialization it pairs with serves every length already)
-            if len(pairs) < EXACT_LENGTHS and all(exact(o.traces[0]) for o, _ in pairs):
+            # (not yet, unless a specialization it pairs with serves every length already;
+            # fewer with a cache too small to hold EXACT_LENGTHS of them)
+            wanted = min(EXACT_LENGTHS, self.cache_limit - 1)
+            if len(pairs) < wanted and all(exact(o.traces[0]) for o, _ in pairs):
                 return
             mine = self._generic(mine)
             if mine is None:
@@ -344,8 +346,14 @@ class TracedFunction:
                 continue
             if theirs is not other.traces[0]:
                 other.traces[0] = theirs
+                theirs.result.reused = False  # (its kernel compiles at its first run)
                 self.stats.compiles += 1
                 self.stats.event("backend_fallback", theirs.result.fallback)
+                # (the other exact specializations of these lengths would never be hit
+                # again: the symbolic guard, tried first, accepts their lengths too)
+                for stale, _ in pairs:
+                    if stale is not other and exact(stale.traces[0]):
+                        self._forget(stale)
             spec = entry.key[0]
             symbolic = other.symbolic | dims
             masks = self._symbolic.setdefault(spec, set())
