@@ -25,8 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from compiler import blas
-
-_ALIGN = 64
+from compiler.lowering.llvm_arena import ALIGN
 
 
 def program_digest(program) -> str:
@@ -223,13 +222,8 @@ class LLVMKernel:
 
     def _prepare_layout(self):
         p = self.program
-        offsets, at = list(p.temp_offsets), p.arena
-        if len(offsets) != len(p.temps):  # (no arena plan: one after the other)
-            offsets, at = [], 0
-            for nbytes in p.temps:
-                offsets.append(at)
-                at += -(-nbytes // _ALIGN) * _ALIGN
-        self._temp_offsets, self._arena = offsets, at + _ALIGN
+        # (the arena plan, compiler.lowering.llvm_arena; one ALIGN more to align its start)
+        self._temp_offsets, self._arena = list(p.temp_offsets), p.arena + ALIGN
         self._inputs = [(tuple(s), d) for s, d in p.inputs]
         self._outputs = [(tuple(s), d) for s, d in p.outputs]
         self._consts = [c.__array_interface__["data"][0] for c in p.consts]
@@ -248,10 +242,8 @@ class LLVMKernel:
     def __call__(self, *arrays):
         call = self._call
         if call is not None and len(arrays) == len(self._inputs):
-            if self._plain_outs:
-                outs = [np.empty(shape, dtype) for shape, dtype in self._outputs]
-            else:
-                outs = _outputs(self._alloc)
+            outs = [np.empty(shape, dtype) for shape, dtype in self._outputs] \
+                if self._plain_outs else _outputs(self._alloc)
             items = arrays + tuple(outs)
             if self._temp_offsets:
                 items += (np.empty(self._arena, np.uint8),)
@@ -261,8 +253,7 @@ class LLVMKernel:
             if status == 0:
                 return outs[0] if self.program.single_output else tuple(outs)
             if status > 0:
-                raise IndexError(f"compiled kernel {self.filename}: an index of take or "
-                                 "scatter_add is out of range")
+                raise self._index_error()
         return self._checked(*arrays)  # (-1: an input to check, convert or reject)
 
     def _checked(self, *arrays):
@@ -280,14 +271,12 @@ class LLVMKernel:
                 keep.append(a)
             ptrs.append(a.__array_interface__["data"][0])
         ptrs += self._consts
-        outs = [np.empty(shape, dtype) if j == same else None
-                for j, ((shape, dtype), same) in enumerate(zip(self._outputs, self._same))]
-        outs = [o if o is not None else outs[self._same[j]] for j, o in enumerate(outs)]
+        outs = _outputs(self._alloc)
         ptrs += [o.__array_interface__["data"][0] for o in outs]
         if self._temp_offsets:
             arena = np.empty(self._arena, np.uint8)
             base = arena.__array_interface__["data"][0]
-            base += -base % _ALIGN
+            base += -base % ALIGN
             ptrs += [base + off for off in self._temp_offsets]
         if self._status >= 0:  # (a byte the kernel sets when an index is out of range)
             status = np.zeros(1, np.uint8)
@@ -301,9 +290,12 @@ class LLVMKernel:
         else:
             self._entry(address, self._fns_address, 0, 0)
         if self._status >= 0 and status[0]:
-            raise IndexError(f"compiled kernel {self.filename}: an index of take or "
-                             "scatter_add is out of range")
+            raise self._index_error()
         return outs[0] if self.program.single_output else tuple(outs)
+
+    def _index_error(self) -> IndexError:
+        return IndexError(f"compiled kernel {self.filename}: an index of take or "
+                          "scatter_add is out of range")
 
     @property
     def fast(self) -> bool:

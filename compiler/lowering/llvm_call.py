@@ -24,6 +24,7 @@ Python or NumPy and stays cacheable.
 
 from llvmlite import ir
 
+from .llvm_arena import ALIGN
 from .llvm_buf import I8P, I32, I64
 from .llvm_program import CALL
 
@@ -75,7 +76,7 @@ def emit_call(module, entry, program, n_bufs, first_temp):
         put(n_in + len(program.consts) + j, field(item(n_in + j), 3, I8P))
     if program.temps:
         data = b.ptrtoint(field(item(n_in + n_out), 3, I8P), I64)
-        base = b.and_(b.add(data, I64(63)), I64(-64))
+        base = b.and_(b.add(data, I64(ALIGN - 1)), I64(-ALIGN))
         temps_at = consts_at + len(program.consts)
         _temp_loop(fn, b, table, static, base, first_temp, temps_at, len(program.temps))
     status = None

@@ -10,6 +10,7 @@ import numpy as np
 from ..errors import LoweringError
 from ..ir import pad_shape as _pad
 from ..loop import is_loop
+from .llvm_arena import ALIGN
 
 ENTRY = "hn_entry"
 CALL = "hn_call"  # (compiler.lowering.llvm_call)
@@ -152,7 +153,7 @@ class LLProgram:
 def _arena_ok(p) -> bool:
     """Does every temporary lie inside the arena, at an aligned offset?"""
     return len(p.temp_offsets) == len(p.temps) and all(
-        0 <= o and o % 64 == 0 and o + t <= p.arena for o, t in zip(p.temp_offsets, p.temps))
+        0 <= o and o % ALIGN == 0 and o + t <= p.arena for o, t in zip(p.temp_offsets, p.temps))
 
 
 def dumps(meta) -> bytes:
