@@ -26,7 +26,7 @@ import time
 from compiler.lowering import llvm_program
 from compiler.lowering.llvm_program import CALL, LLProgram
 
-from .llvm_kernel import LLVMKernel, program_digest
+from .llvm_kernel import LLVMKernel, kernel_class, program_digest
 from .objcache import OBJECTS, key_of
 
 _STATE = {}
@@ -224,6 +224,48 @@ def _link(obj, folder) -> bytes:
         return f.read()
 
 
+class LazyKernel:
+    """An llvm kernel compiled at its first call, as numba's are: a trace's kernels
+    compile when it first runs compiled (its specialization's second call), so a length
+    traced once before its loops became symbolic (compiler.lowering.llvm_sym) costs no
+    LLVM compile. Anything but a call or `compiled` compiles it and reads the kernel."""
+
+    def __init__(self, program, key, phases=None):
+        self.program, self.source = program, program.source
+        self.compiled, self.compile_seconds = False, 0.0
+        self.filename = f"<hybridnet-llvm-{program_digest(program)}>"
+        self.fn = self.__call__
+        self._key, self._phases = key, dict(phases or {})
+        self._kernel, self._lock = None, threading.Lock()
+
+    def kernel(self) -> LLVMKernel:
+        """The compiled kernel (compiled now, once)."""
+        with self._lock:
+            if self._kernel is None:
+                kernel = compile_llvm(self.program, self._key)
+                kernel.phases = {**self._phases, **kernel.phases}
+                kernel.compile_seconds = sum(kernel.phases.values())
+                self._kernel, self.fn = kernel, kernel.fn
+                self.compile_seconds, self.compiled = kernel.compile_seconds, True
+            return self._kernel
+
+    def __call__(self, *arrays):
+        return self.kernel()(*arrays)
+
+    @property
+    def from_disk(self) -> bool:
+        """Loaded from the disk cache (False before the first call)."""
+        return self._kernel is not None and self._kernel.from_disk
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name in ("_kernel", "_lock", "_key", "_phases"):
+            raise AttributeError(name)
+        return getattr(self.kernel(), name)
+
+    def __repr__(self) -> str:
+        return f"<LazyKernel {self.filename} compiled={self.compiled}>"
+
+
 def compile_llvm(program, key) -> LLVMKernel:
     """Compile an LLProgram, cache it on disk under `key` and load it."""
     with _LOCK:
@@ -231,7 +273,7 @@ def compile_llvm(program, key) -> LLVMKernel:
 
 
 def _compile(program, key) -> LLVMKernel:
-    if not _linker():
+    if not _linker() and key is not None:
         cached = _from_object(program, key)
         if cached is not None:
             return cached
@@ -253,11 +295,12 @@ def _compile(program, key) -> LLVMKernel:
     kernel = _as_library(program, key, obj, symbol, phases, optimized) if _linker() else None
     if kernel is not None:
         return kernel
-    OBJECTS.put(key, obj)
+    if key is not None:
+        OBJECTS.put(key, obj)
     t4 = time.perf_counter()
     address = _loaded(st["engine"], llvm, symbol, obj)
     phases["load"] = time.perf_counter() - t4
-    return LLVMKernel(program, address, phases, optimized_ir=optimized)
+    return kernel_class(program)(program, address, phases, optimized_ir=optimized)
 
 
 def _from_object(program, key):
@@ -277,7 +320,8 @@ def _as_library(program, key, obj, symbol, phases, optimized):
         data = _link(obj, tmp)
         if data is None:
             return None
-        path = OBJECTS.put_library(key, data, program.to_meta())
+        # (key None: a kernel for symbolic lengths, not kept on disk)
+        path = None if key is None else OBJECTS.put_library(key, data, program.to_meta())
         if path is None:  # (no disk cache: a private copy of the library)
             path = os.path.join(tempfile.mkdtemp(prefix="hn-lib-"), "k.so")
             with open(path, "wb") as f:
@@ -289,7 +333,7 @@ def _as_library(program, key, obj, symbol, phases, optimized):
             lib = ctypes.CDLL(path)
     address = _symbols(lib, symbol)
     phases["link_and_load"] = time.perf_counter() - t0
-    return LLVMKernel(program, address, phases, optimized_ir=optimized, keep=lib)
+    return kernel_class(program)(program, address, phases, optimized_ir=optimized, keep=lib)
 
 
 _LOADED = {}  # (symbol, call) -> address(es): an object is added to the engine once

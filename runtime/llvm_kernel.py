@@ -26,6 +26,7 @@ import numpy as np
 
 from compiler import blas
 from compiler.lowering.llvm_arena import ALIGN
+from compiler.lowering.llvm_sym import evaluate_layout
 
 
 def program_digest(program) -> str:
@@ -318,3 +319,75 @@ class LLVMKernel:
         return f"<LLVMKernel {self.filename} from_disk={self.from_disk}>"
 
 
+
+
+class SymKernel(LLVMKernel):
+    """A kernel for every length (compiler.lowering.llvm_sym): each call reads the length
+    n from the input the program names, computes the sizes of every input, output and
+    temporary at n, checks the inputs against them and passes n in the buffer table's last
+    slot. A length outside the kernel's bounds, or inputs that disagree on it, raise a
+    ValueError starting "hn-loop" (the executor runs that call eagerly)."""
+
+    def _prepare_layout(self):
+        super()._prepare_layout()
+        self._call = None  # (every call gathers its pointers here)
+        self._layouts = {}  # n -> (inputs, outputs, temporary offsets, arena bytes)
+
+    def __call__(self, *arrays):
+        return self._checked(*arrays)
+
+    def length(self, arrays) -> int:
+        """The length n of this call (a ValueError "hn-loop..." when there is none)."""
+        p = self.program
+        i, d, size = p.sym
+        if len(arrays) != len(self._inputs) or arrays[i].ndim <= d:
+            raise TypeError(f"compiled kernel {self.filename}: {len(arrays)} inputs, "
+                            f"expected {len(self._inputs)}")
+        n, rest = divmod(arrays[i].shape[d] - size.b, size.a)
+        if rest or n < p.min_n or (p.max_n is not None and n > p.max_n):
+            raise ValueError(f"hn-loop: size {arrays[i].shape[d]} of input {i} gives no "
+                             f"length this kernel serves (n >= {p.min_n})")
+        if n not in self._layouts:
+            if len(self._layouts) > 64:
+                self._layouts.clear()
+            self._layouts[n] = evaluate_layout(p, n)
+        return n
+
+    def _checked(self, *arrays):
+        n = self.length(arrays)
+        ins, outs_at, offsets, arena_bytes = self._layouts[n]
+        ptrs, keep = [], []
+        for k, (a, (shape, dtype)) in enumerate(zip(arrays, ins)):
+            if a.dtype != dtype:
+                raise ValueError(f"compiled kernel {self.filename}: input {k} {dtype}"
+                                 f"{list(shape)} got {a.dtype}{list(a.shape)}")
+            if a.shape != shape:
+                raise ValueError(f"hn-loop: input {k} is {list(a.shape)}, length {n} needs "
+                                 f"{list(shape)}")
+            if not (a.flags.c_contiguous and a.flags.aligned):
+                a = np.require(a, requirements="CA")
+                keep.append(a)
+            ptrs.append(a.__array_interface__["data"][0])
+        ptrs += self._consts
+        outs = _outputs([(s, d) if j == same else same for j, ((s, d), same)
+                         in enumerate(zip(outs_at, self._same))])
+        ptrs += [o.__array_interface__["data"][0] for o in outs]
+        arena = np.empty(arena_bytes + ALIGN, np.uint8)
+        base = arena.__array_interface__["data"][0]
+        base += -base % ALIGN
+        ptrs += [base + off for off in offsets]
+        if self._status >= 0:
+            status = np.zeros(1, np.uint8)
+            ptrs[self._first_temp + self._status] = status.__array_interface__["data"][0]
+        table = np.array(ptrs + [n], dtype=np.uintp)
+        if self.program.uses_blas:
+            blas.kernel_threads(self._large)
+        self._entry(table.__array_interface__["data"][0], self._fns_address, 0, 0)
+        if self._status >= 0 and status[0]:
+            raise self._index_error()
+        return outs[0] if self.program.single_output else tuple(outs)
+
+
+def kernel_class(program):
+    """The kernel class for a compiled program: SymKernel for one serving every length."""
+    return SymKernel if getattr(program, "sym", None) is not None else LLVMKernel

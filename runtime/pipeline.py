@@ -6,14 +6,18 @@ reuses its size-generic kernel (numba) without compiling again, and two graphs t
 to the same code share one kernel.
 """
 
+import time
+
 import numpy as np
 
 from compiler.errors import LoweringError
+from compiler.lowering.llvm_sym import lower_symbolic
 from compiler.lowering.node_rules import view_root
 
-from .backends import get_backend
+from .backends import get_backend, large_product
 from .cache import KERNELS as _KERNELS
 from .executor import Executable
+from .llvm_engine import compile_llvm
 
 
 def aliased_results(outputs, fresh, owned=(), saved_from=None) -> list:
@@ -97,6 +101,25 @@ def _kernel_for(backend, optimized, dynamic):
     if not backend.exact_shapes:
         _KERNELS.setdefault(generic_key, (kernel, program))
     return kernel, program, reused
+
+
+def symbolic_kernel(graphs, ns):
+    """(kernel, program): one llvm kernel for every length, from one optimized graph
+    traced at each length of `ns` (compiler.lowering.llvm_sym; raises LoweringError when
+    they make none), compiled or taken from the process-wide cache (not the disk's)."""
+    start = time.perf_counter()
+    program = lower_symbolic(graphs, ns)
+    program.large_products = program.uses_blas and any(large_product(g) for g in graphs)
+    lowered = time.perf_counter() - start
+    key = ("symbolic", "llvm") + program_key(program)
+    cached = _KERNELS.get(key)
+    if cached is not None:
+        return cached
+    kernel = compile_llvm(program, None)
+    kernel.phases = {"lower": lowered, **kernel.phases}
+    kernel.compile_seconds = sum(kernel.phases.values())
+    _KERNELS.put(key, (kernel, program))
+    return kernel, program
 
 
 def program_key(program) -> tuple:

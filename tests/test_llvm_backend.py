@@ -467,10 +467,11 @@ def test_loops_compile_with_llvm_forward_and_backward(name, steps):
         assert res.backward is None or res.backward.fallback is None, res.backward.fallback
 
 
-def test_loops_that_serve_every_length_go_to_numba():
+def test_loops_that_serve_every_length_are_one_llvm_kernel():
     """A rerolled loop compiles for its exact length with llvm; once its lengths
-    generalize (a third length, test_llvm_lengths.py) it must serve every length: numba
-    compiles it (size-generic), and the reason is recorded."""
+    generalize (a third length, test_llvm_lengths.py) it must serve every length: one
+    llvm kernel made from the three traces (test_llvm_symbolic.py; numba where they make
+    none)."""
     models, _ = _loop_models()
     fn, _ = models["lstmcell-time"]
     tf, _ = traced_llvm(fn, hn.randn(5, 3, 6))
@@ -481,7 +482,11 @@ def test_loops_that_serve_every_length_go_to_numba():
             np.testing.assert_allclose(tf(x).numpy(), fn(x).numpy(), rtol=1e-5, atol=1e-6)
     (generic,) = [e for e in tf.specializations.values() if e.symbolic]
     res = generic.traces[0].result
-    assert res.backend == "numba" and "symbolic" in res.fallback
+    assert res.backend == "llvm" and res.fallback is None and res.kernel.program.sym
+    with hn.no_grad():
+        for steps in (30, 4, 8):
+            x = hn.randn(steps, 3, 6)
+            np.testing.assert_allclose(tf(x).numpy(), fn(x).numpy(), rtol=1e-5, atol=1e-6)
 
 
 # ---- regressions from the adversarial review ---------------------------------------------

@@ -1,6 +1,7 @@
 """Rerolled loops under the default backend (llvm, dynamic=None): the first
 EXACT_LENGTHS lengths compile for their exact trip count with llvm (fast); a further
-length makes the trip count symbolic, compiled once by numba for every length, which
+length makes the trip count symbolic, compiled once by llvm for every length from the
+three traces (compiler.lowering.llvm_sym; numba where they make no such kernel), which
 replaces the exact specializations (its guard accepts their lengths too).
 
 Oracles: eager hybridnet (losses, parameter gradients) after every call.
@@ -49,10 +50,12 @@ def test_two_lengths_compile_exactly_then_one_generic_kernel_serves_the_rest(cls
     call(20)  # (a third length: symbolic)
     assert any(e["kind"] == "generalize" for e in traced.stats.events), traced.stats.events
     generic = [e for e in traced.specializations.values() if e.symbolic]
-    assert len(generic) == 1 and _backends(generic[0]) == ("numba", "numba")
-    assert "symbolic" in generic[0].traces[0].result.fallback
+    assert len(generic) == 1 and _backends(generic[0]) == ("llvm", "llvm")
+    result = generic[0].traces[0].result
+    assert result.fallback is None and result.kernel.program.sym is not None
+    assert result.backward.kernel.program.sym is not None
     kinds = [e["kind"] for e in traced.stats.events]
-    assert "backend_fallback" in kinds, kinds
+    assert "backend_fallback" not in kinds, kinds
     assert len(traced.specializations) == 1  # (the exact ones were replaced)
     traces = traced.stats.traces
     for steps in (31, 20, 9, 13, 50, 13):  # (no new trace: the generic kernel)

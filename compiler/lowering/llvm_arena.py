@@ -29,17 +29,22 @@ def _rounded(nbytes) -> int:
     return -(-int(nbytes) // ALIGN) * ALIGN
 
 
-def plan(sizes, lives, share=True):
+def plan(sizes, lives, share=True, apart=()):
     """(offsets, groups, arena bytes) for temporaries of `sizes` bytes, each live over
     the units `lives[k] = (first, last)`. A temporary reuses the smallest free block that
-    holds it without wasting more than its own size; else it gets new bytes at the end."""
+    holds it without wasting more than its own size; else it gets new bytes at the end.
+    Temporaries in `apart` (those whose size a symbolic length sets: llvm_sym) share with
+    nothing and come after all the others, in order, so the plan of the rest never
+    depends on their sizes."""
     offsets, groups = [0] * len(sizes), [0] * len(sizes)
     blocks, total = [], 0
-    for k in sorted(range(len(sizes)), key=lambda k: (lives[k][0], k)):
+    order = sorted((k for k in range(len(sizes)) if k not in apart),
+                   key=lambda k: (lives[k][0], k)) + sorted(apart)
+    for k in order:
         need = _rounded(sizes[k]) or ALIGN
         first, last = lives[k]
         best = None
-        if share:
+        if share and k not in apart:
             for b in blocks:
                 if b.free_after < first and need <= b.size <= 2 * need and \
                         (best is None or b.size < best.size):
@@ -53,4 +58,9 @@ def plan(sizes, lives, share=True):
     return offsets, groups, total
 
 
-__all__ = ["plan", "ALIGN", "FOREVER"]
+def rounded(nbytes) -> int:
+    """`nbytes` rounded up to ALIGN (at least ALIGN): the bytes a temporary takes."""
+    return _rounded(nbytes) or ALIGN
+
+
+__all__ = ["plan", "rounded", "ALIGN", "FOREVER"]

@@ -90,6 +90,15 @@ def emit_call(module, entry, program, n_bufs, first_temp):
     return fn
 
 
+def emit_refusing_call(module):
+    """An `hn_call` that refuses every call (returns -1): the caller takes its checked
+    path, where the pointers are gathered in Python (kernels for symbolic lengths,
+    whose sizes the runtime computes; compiler.lowering.llvm_sym)."""
+    fn = ir.Function(module, ir.FunctionType(I64, [I8P, I64.as_pointer()]), CALL)
+    ir.IRBuilder(fn.append_basic_block("entry")).ret(I64(-1))
+    return fn
+
+
 def _temp_loop(fn, b, table, static, base, first_temp, temps_at, n):
     """table[first_temp + t] = base + static[temps_at + t] for t < n (an IR loop)."""
     pre = b.block
@@ -107,4 +116,4 @@ def _temp_loop(fn, b, table, static, base, first_temp, temps_at, n):
     b.position_at_end(done)
 
 
-__all__ = ["emit_call", "CALL", "HEADER"]
+__all__ = ["emit_call", "emit_refusing_call", "CALL", "HEADER"]

@@ -27,7 +27,7 @@ from . import llvm_scalar as S
 from .llvm_arena import FOREVER
 from .llvm_arena import plan as plan_arena
 from .llvm_buf import I8P, I32, I64, Buf, contiguous
-from .llvm_call import emit_call
+from .llvm_call import emit_call, emit_refusing_call
 from .llvm_groups import LLGroup
 from .llvm_nodes import NODE_RULES
 from .llvm_program import (
@@ -42,10 +42,10 @@ GEMM = {np.dtype(np.float32): "sgemm", np.dtype(np.float64): "dgemm"}
 
 
 class _Kernel:
-    """One emission of hn_kernel (run twice: the first pass counts the temporaries)."""
+    """One emission of hn_kernel. The alias scopes of its accesses are set after it
+    (`apply_scopes`), once the arena plan knows which temporaries share bytes."""
 
-    def __init__(self, graph, units, n_temps, module=None, prefix="hn", fn_names=None,
-                 groups=None):
+    def __init__(self, graph, units, module=None, prefix="hn", fn_names=None):
         self.graph, self.units = graph, units
         self.users = graph.users()
         self.outputs = {id(o) for o in graph.outputs}
@@ -56,8 +56,6 @@ class _Kernel:
         self.bodies = {}  # LoopSpec key -> llvm_loop.Body emitted into this module
         self.const_starts = loop_const_starts(graph)
         self.sub_emitter = _emit_into
-        n_bufs = len(graph.inputs) + len(self.consts) + len(graph.outputs) + n_temps
-        self.n_bufs = n_bufs
         # the buffer table, the BLAS pointers, the rows [lo, hi) of dim 0 a parallel kernel
         # runs (a part loads the pointers it uses: a parameter per buffer made LLVM's
         # interprocedural passes quadratic in the graph size)
@@ -74,13 +72,18 @@ class _Kernel:
         self.claimed = set()
         self._status = None
         self.temps = []
-        self.n_temps = n_temps
         self._first_temp = len(graph.inputs) + len(self.consts) + len(graph.outputs)
         self.unit = 0  # the unit being emitted (lifetimes of temporaries: llvm_arena)
         self.lives = []  # per temporary: [unit that made it, last unit that used it]
-        self.groups = groups  # per temporary: its arena group (None: one each)
+        self.groups = None  # per temporary: its arena group (None: one each)
+        self._scoped = []  # (part function, its accesses) for apply_scopes
 
     # -- buffers ---------------------------------------------------------------------------
+
+    @property
+    def n_bufs(self) -> int:
+        """Slots of the buffer table: inputs, constants, outputs, temporaries."""
+        return self._first_temp + len(self.temps)
 
     def _function(self, name):
         fn = ir.Function(self.module, self.fnty, name)
@@ -103,7 +106,7 @@ class _Kernel:
     def end_part(self):
         self.b.ret_void()
         self.alloca_block.branch(self.fn.blocks[1])
-        self._alias_scopes()
+        self._scoped.append((self.fn, self._accesses))
         self.kernel_b.call(self.fn, list(self.kernel.args))
         self.fn = None
 
@@ -118,11 +121,8 @@ class _Kernel:
             life[1] = max(life[1], self.unit)
         found = self._ptrs.get(key)
         if found is None:
-            if buf.slot < self.n_bufs:
-                table = self.fn.args[0]
-                raw = self.alloca_block.load(self.alloca_block.gep(table, [I64(buf.slot)]))
-            else:
-                raw = ir.Constant(I8P, None)
+            table = self.fn.args[0]
+            raw = self.alloca_block.load(self.alloca_block.gep(table, [I64(buf.slot)]))
             found = self._ptrs[key] = self.alloca_block.bitcast(
                 raw, S.ir_type(buf.dtype, memory=True).as_pointer())
         return found
@@ -204,13 +204,13 @@ class _Kernel:
 
     def load(self, buf, at):
         value = self.b.load(self.address(buf, at), align=buf.dtype.itemsize)
-        self._accesses.append((value, self._scope(buf.slot)))
+        self._accesses.append((value, buf.slot))
         return S.from_memory(self.b, value, buf.dtype)
 
     def store(self, buf, at, value):
         op = self.b.store(S.to_memory(self.b, value, buf.dtype), self.address(buf, at),
                           align=buf.dtype.itemsize)
-        self._accesses.append((op, self._scope(buf.slot)))
+        self._accesses.append((op, buf.slot))
 
     def _scope(self, slot) -> str:
         """A buffer's alias scope: its slot, or its arena group for a temporary sharing
@@ -220,23 +220,32 @@ class _Kernel:
             return f"g{self.groups[k]}"
         return f"b{slot}"
 
-    def _alias_scopes(self):
-        """Scoped no-alias metadata on the part's loads and stores: one scope per buffer
+    def apply_scopes(self, groups=None):
+        """Give every part's accesses their alias scopes; `groups`: per temporary, its
+        arena group (llvm_arena.plan; None: a scope per buffer)."""
+        self.groups = groups
+        for fn, accesses in self._scoped:
+            self._alias_scopes(fn, accesses)
+        self._scoped = []
+
+    def _alias_scopes(self, fn, accesses):
+        """Scoped no-alias metadata on a part's loads and stores: one scope per buffer
         (different buffers never overlap: outputs and temporaries are memory of their own,
         inputs are only read; views share their base's buffer), so LLVM vectorizes without
         run-time overlap checks."""
-        slots = sorted({slot for _, slot in self._accesses})
+        slots = sorted({self._scope(slot) for _, slot in accesses})
         if len(slots) < 2:
             return
         m = self.module
-        domain = m.add_metadata([ir.MetaDataString(m, f"{self.fn.name}.buffers")])
-        scope = {s: m.add_metadata([ir.MetaDataString(m, f"{self.fn.name}.{s}"), domain])
+        domain = m.add_metadata([ir.MetaDataString(m, f"{fn.name}.buffers")])
+        scope = {s: m.add_metadata([ir.MetaDataString(m, f"{fn.name}.{s}"), domain])
                  for s in slots}
         own = {s: m.add_metadata([scope[s]]) for s in slots}
         others = {s: m.add_metadata([scope[o] for o in slots if o != s]) for s in slots}
-        for op, slot in self._accesses:
-            op.set_metadata("alias.scope", own[slot])
-            op.set_metadata("noalias", others[slot])
+        for op, slot in accesses:
+            name = self._scope(slot)
+            op.set_metadata("alias.scope", own[name])
+            op.set_metadata("noalias", others[name])
 
     def alloca(self, ty):
         return self.alloca_block.alloca(ty)
@@ -396,18 +405,20 @@ def _row_aligned(group, n) -> bool:
     return True
 
 
-def _emit_into(graph, units, n_temps, module, prefix, fn_names):
-    """A loop body's emission (llvm_loop.body_of) into `module` (None: a scratch one)."""
-    k = _Kernel(graph, units, n_temps, module, prefix, fn_names)
+def _emit_into(graph, units, module, prefix, fn_names):
+    """A loop body's emission (llvm_loop.body_of) into `module`: its temporaries never
+    share bytes (a scope per buffer)."""
+    k = _Kernel(graph, units, module, prefix, fn_names)
     k.bind_sources()
     k.emit_units()
     k.emit_outputs()
     k.finish()
+    k.apply_scopes()
     return k
 
 
-def _emit(graph, units, n_temps, split=0, groups=None):
-    k = _Kernel(graph, units, n_temps, groups=groups)
+def _emit(graph, units, split=0):
+    k = _Kernel(graph, units)
     k.split = split
     k.bind_sources()
     k.emit_units()
@@ -416,17 +427,28 @@ def _emit(graph, units, n_temps, split=0, groups=None):
     return k
 
 
-def lower_llvm(graph) -> LLProgram:
-    """The IR module and calling convention for `graph` (an optimized clone); raises
-    LoweringError for what the llvm backend cannot lower (the caller falls back)."""
+def first_pass(graph, parallel=True):
+    """(units, split, kernel): `graph` emitted once, its temporaries and their lifetimes
+    counted, alias scopes not yet set; `parallel=False`: no row split across threads."""
     check_llvm_supported(graph, loops=True)
     units = partition(graph)
-    split = split_rows(units)
-    k = _emit(graph, units, 0, split)  # (counts the temporaries, and their lifetimes)
-    if k.serial_only:
+    split = split_rows(units) if parallel else 0
+    k = _emit(graph, units, split)
+    if split and k.serial_only:  # (code outside the row loops: one thread after all)
         split = 0
-    offsets, groups, arena = plan_arena(k.temps, k.lives, share=not split)
-    k = _emit(graph, units, len(k.temps), split, groups)
+        k = _emit(graph, units, split)
+    return units, split, k
+
+
+def lower_llvm(graph, first=None, apart=(), call=True) -> LLProgram:
+    """The IR module and calling convention for `graph` (an optimized clone); raises
+    LoweringError for what the llvm backend cannot lower (the caller falls back).
+    `first`: its first_pass, if made already (used up here); `apart`: temporaries that
+    share no bytes (llvm_arena.plan); `call=False`: hn_call always refuses (every call
+    takes the checked path: kernels for symbolic lengths, compiler.lowering.llvm_sym)."""
+    units, split, k = first_pass(graph) if first is None else first
+    offsets, groups, arena = plan_arena(k.temps, k.lives, share=not split, apart=apart)
+    k.apply_scopes(groups)
     entry = _entry(k.module, k.kernel, k.n_bufs)
     program = LLProgram(
         "", [(_pad(n.shape), np.dtype(n.dtype)) for n in graph.inputs],
@@ -436,7 +458,10 @@ def lower_llvm(graph) -> LLProgram:
     program.same_as = same_outputs(graph)
     program.temp_offsets, program.arena = offsets, arena
     program.status = -1 if k._status is None else k._status.slot - k._first_temp
-    emit_call(k.module, entry, program, k.n_bufs, k._first_temp)
+    if call:
+        emit_call(k.module, entry, program, k.n_bufs, k._first_temp)
+    else:
+        emit_refusing_call(k.module)
     program.source = str(k.module)
     program.uses_blas = bool(k.fn_names)
     program.single_output = len(graph.outputs) == 1
@@ -448,4 +473,5 @@ def lower_llvm(graph) -> LLProgram:
     return program
 
 
-__all__ = ["lower_llvm", "LLProgram", "check_llvm_supported", "ENTRY", "Buf", "contiguous"]
+__all__ = ["lower_llvm", "first_pass", "LLProgram", "check_llvm_supported", "ENTRY", "Buf",
+           "contiguous"]

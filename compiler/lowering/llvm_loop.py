@@ -1,9 +1,10 @@
 """Loop nodes (compiler.loop) in the llvm backend: the body is lowered once into its own
 function of the module, called once per step from an IR loop.
 
-The llvm backend compiles exact shapes, so the trip count is the traced one (a rerolled
-loop reaches this backend only with dynamic=False, when every length is its own
-specialization anyway; see runtime.backends). Per step the body gets pointers: the
+The trip count is the traced one, a literal of the IR; a kernel serving every length
+(compiler.lowering.llvm_sym) makes it a value computed from the symbolic size. No choice
+of the emitted code depends on it (step t writes carried buffer (trip - 1 - t) & 1, so the
+last step writes the first one whatever the parity). Per step the body gets pointers: the
 carried values (the initial value at step 0, then one of two buffers that alternate, so
 a step never overwrites what it reads), the invariants, each sequence's slice (a pointer
 into the sequence when the slice is contiguous, else a copy), the loop's constants, its
@@ -36,13 +37,12 @@ class Body:
 
 def body_of(em, spec, emit) -> Body:
     """The module's function for a loop body (emitted at the first loop using it);
-    `emit(graph, units, n_temps, module, prefix, fn_names)` is llvm_emit's emission."""
+    `emit(graph, units, module, prefix, fn_names)` is llvm_emit's emission."""
     found = em.bodies.get(spec.key)
     if found is None:
         units = partition(spec.body)
         prefix = f"{em.prefix}_b{len(em.bodies)}"
-        count = emit(spec.body, units, 0, None, prefix, list(em.fn_names))
-        sub = emit(spec.body, units, len(count.temps), em.module, prefix, em.fn_names)
+        sub = emit(spec.body, units, em.module, prefix, em.fn_names)
         sub.kernel.attributes.add("noinline")
         found = em.bodies[spec.key] = Body(sub.kernel, len(spec.body.inputs),
                                            len(sub.consts), len(spec.body.outputs),
@@ -83,7 +83,9 @@ def emit_loop(em, node, emit):
     n_args = body.n_inputs + body.n_consts + body.n_outputs + len(body.temps)
     table = em.alloca(ir.ArrayType(I8P, max(1, n_args)))  # (the body's buffer table)
     with em.loop(trip) as t:
-        odd = b.icmp_unsigned("!=", b.and_(t, I64(1)), I64(0))
+        # (step t writes pairs[(trip - 1 - t) & 1]: the last step always writes the first
+        # buffer, so no choice of the code depends on the trip count's parity)
+        odd = b.icmp_unsigned("!=", b.and_(b.sub(I64(trip - 1), t), I64(1)), I64(0))
         first = b.icmp_unsigned("==", t, I64(0))
         args = []
         for init, (c0, c1) in zip(inits, pairs):  # read: init, then the other buffer
@@ -106,7 +108,7 @@ def emit_loop(em, node, emit):
                 em.copy(out, step_outs[p.index])
     for i in range(k):  # the final carried values: written by the last step
         if i in users:
-            em.bufs[id(users[i])] = pairs[i][(trip - 1) & 1]
+            em.bufs[id(users[i])] = pairs[i][0]
 
 
 def _seq_pointer(em, s, base, x, t):

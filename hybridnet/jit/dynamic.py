@@ -16,9 +16,13 @@ took. Such functions should pass `dynamic=False`.
 """
 
 
+import copy
+
+from compiler.errors import LoweringError
 from compiler.loop import is_loop, traced_trip
 from runtime.backends import get_backend
-from runtime.pipeline import program_key
+from runtime.executor import Executable
+from runtime.pipeline import program_key, symbolic_kernel
 
 
 def loop_trips(graph) -> tuple:
@@ -175,3 +179,38 @@ def least_sizes(trace, dims) -> tuple:
     fewest = min(trips, default=1)
     shapes = {s.index: s.shape for s in trace.tg.sources if s.kind == "arg"}
     return tuple((i, d, shapes[i][d] - fewest + 1) for i, d in sorted(dims) if i in shapes)
+
+
+def symbolic_result(results, tgs, ns):
+    """A CompileResult running one llvm kernel for every length (and one for the
+    backward), from the CompileResults of one function traced at the three lengths `ns`
+    (each compiled exactly by llvm, with the same interface); raises LoweringError when
+    they make none (runtime.pipeline.symbolic_kernel)."""
+    if any(r.backend != "llvm" or r.backward is not None and r.backward.backend != "llvm"
+           for r in results) or (results[0].backward is None) != (results[-1].backward is None):
+        raise LoweringError("a trace at one of the lengths was not compiled by llvm")
+    if any(_interface(tg) != _interface(tgs[0]) for tg in tgs[1:]):
+        raise LoweringError("the traces' inputs, outputs or guards differ between lengths")
+    base = results[0]
+    res = copy.copy(base)
+    res.kernel, res.program = symbolic_kernel([r.optimized for r in results], ns)
+    res.executable = _with_kernel(base.executable, res.kernel)
+    res.reused, res.fallback = False, None
+    if base.backward is not None:
+        bwd = res.backward = copy.copy(base.backward)
+        bwd.kernel, bwd.program = symbolic_kernel(
+            [r.backward.split.backward for r in results], ns)
+        bwd.executable = _with_kernel(base.backward.executable, bwd.kernel)
+        bwd.reused, bwd.fallback = False, None
+        # (the forward checks the lengths both serve: a backward never refuses its call)
+        fp, bp = res.program, bwd.program
+        fp.min_n = bp.min_n = max(fp.min_n, bp.min_n)
+        tops = [m for m in (fp.max_n, bp.max_n) if m is not None]
+        fp.max_n = bp.max_n = min(tops) if tops else None
+    return res
+
+
+def _with_kernel(exe, kernel):
+    """An Executable like `exe` running `kernel`."""
+    return Executable(kernel, exe.n_outputs, exe.guards, exe.writebacks, exe.scalar_inputs,
+                      exe.scalar_outputs, exe.copies)

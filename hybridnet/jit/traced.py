@@ -26,16 +26,11 @@ from ..nn.module import STRUCTURE_VERSION, Module
 from .build import Untraceable, build
 from .compile import LoweringError, compile_trace
 from .dynamic import (
-    differing_dims,
-    exact,
-    least_sizes,
     mask_key,
-    same_code,
-    trip_dims,
 )
+from .generalize import EXACT_LENGTHS, Generalizing  # noqa: F401  (tests read it here)
 from .guards import make_guard
 from .keys import (
-    describe_dim,
     describe_key_difference,
     describe_meta,
     env_key,
@@ -50,11 +45,6 @@ from .stats import Stats
 
 HOT_PATH_THRESHOLD = 2  # a side-exit path seen this often gets compiled
 STALE_LIMIT = 4  # a key whose traces go stale this often runs eagerly
-# Lengths a rerolled loop is compiled for exactly by an exact-shape backend (llvm: well
-# under a second each) before a further length makes its trip count symbolic (numba's
-# size-generic code: one slower compile serves every length). So a loop of a fixed
-# length (an RNN over 35 steps, with one shorter last batch) never waits for numba.
-EXACT_LENGTHS = 2
 
 try:
     _ENV = os.environ._data  # the encoded dict behind os.environ (POSIX): a cheap lookup
@@ -85,7 +75,7 @@ class Specialization:
         self.packs = False  # its key's lists of tensors alike are packed (pytree.Packed)
 
 
-class TracedFunction:
+class TracedFunction(Generalizing):
     """The callable `hn.trace` returns; see the module docstring.
 
     Attributes: `stats` (live counters), `specializations` (per static key).
@@ -312,84 +302,6 @@ class TracedFunction:
         if res.loop_trips and self.dynamic is not False:
             self._generalize(entry, args, kwargs)
 
-    def _generalize(self, entry, args, kwargs):
-        """Merge `entry` into a specialization it differs from only in the lengths its
-        loops iterate over, when both run the same code: those sizes become symbolic
-        (see dynamic.py). Traces compiled for exact shapes (llvm) are merged once
-        EXACT_LENGTHS other lengths were seen, after compiling both size-generic."""
-        if len(entry.traces) != 1:
-            return
-        mine = entry.traces[0]
-        pairs = []
-        for other in list(self.specializations.values()):
-            if other is entry or len(other.traces) != 1 or other.fallback is not None:
-                continue
-            dims = differing_dims(other.key, entry.key)
-            theirs = other.traces[0]
-            # (one size at a time: two sizes that moved together in two calls, say a
-            # loop's length and the size it slices with a fixed gap, cannot be told apart)
-            if dims and len(dims) == 1 and trip_dims(
-                    other.key, entry.key, dims, theirs.result, mine.result):
-                pairs.append((other, dims))
-        if exact(mine):
-            # (not yet, unless a specialization it pairs with serves every length already;
-            # fewer with a cache too small to hold EXACT_LENGTHS of them)
-            wanted = min(EXACT_LENGTHS, self.cache_limit - 1)
-            if len(pairs) < wanted and all(exact(o.traces[0]) for o, _ in pairs):
-                return
-            mine = self._generic(mine)
-            if mine is None:
-                return
-        for other, dims in pairs:
-            theirs = self._generic(other.traces[0])
-            if theirs is None or not same_code(theirs, mine):
-                continue
-            if theirs is not other.traces[0]:
-                other.traces[0] = theirs
-                theirs.result.reused = False  # (its kernel compiles at its first run)
-                self.stats.compiles += 1
-                self.stats.event("backend_fallback", theirs.result.fallback)
-                # (the other exact specializations of these lengths would never be hit
-                # again: the symbolic guard, tried first, accepts their lengths too)
-                for stale, _ in pairs:
-                    if stale is not other and exact(stale.traces[0]):
-                        self._forget(stale)
-            spec = entry.key[0]
-            symbolic = other.symbolic | dims
-            masks = self._symbolic.setdefault(spec, set())
-            masks.discard(other.symbolic)
-            masks.add(symbolic)
-            self._forget(entry)
-            self._forget(other)
-            other.key = mask_key(other.key, symbolic)
-            other.symbolic = symbolic
-            theirs.min_sizes = least_sizes(theirs, symbolic)
-            other.guard, other.version = make_guard(
-                args, kwargs, other.key, fn=self._env_fn if self._has_env else None,
-                module=self.module, same=other.key[3], bound=self._self, symbolic=symbolic,
-                packs=other.packs)
-            self.specializations.put(other.key, other)
-            self._promote(other)
-            self.stats.event("generalize", "loop trip counts made symbolic ("
-                             f"{_describe_dims(symbolic, entry.key)}): one specialization serves "
-                             "every length")
-            return
-
-    def _generic(self, trace):
-        """`trace` compiled size-generic (by numba: lowered now, compiled at its first
-        run), or None if that fails; made once per trace."""
-        if not exact(trace):
-            return trace
-        if not hasattr(trace, "generic"):
-            try:
-                res = compile_trace(trace.tg, self.dynamic, "numba")
-                res.fallback = ("its loops serve every length now (symbolic trip counts), "
-                                "which needs numba's size-generic code: compiled by numba")
-                trace.generic = Trace(trace.tg, res, self.stats)
-            except LoweringError:
-                trace.generic = None
-        return trace.generic
-
     def _promote(self, entry):
         if self._hot and self._hot[0] is entry:
             return
@@ -543,10 +455,6 @@ def _describe_exit(entry) -> str:
                 return f"the kernel raised {expected} ({now}) where a value guard decides"
             return f"value guard {kind}() saw {expected!r} while tracing, {now!r} now"
     return "a value guard failed"
-
-
-def _describe_dims(dims, key) -> str:
-    return ", ".join(describe_dim(key[1], i, d) for i, d in sorted(dims))
 
 
 def _ints_in(key) -> frozenset:

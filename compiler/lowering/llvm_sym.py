@@ -1,0 +1,395 @@
+"""Kernels for symbolic lengths in the llvm backend: one machine-code kernel for every
+length of the loops of a trace (hybridnet.jit.dynamic).
+
+The llvm emitter writes sizes as literals. A trace whose loops were recorded at three
+lengths n1, n2, n3 (the symbolic size: a dim its loops slice) is lowered at each, with
+nothing that decides on a size (no row split across threads; the temporaries whose size
+changes share no bytes and come last in the arena). The three IR texts must then be the
+same but for integer literals, and each literal that differs must be an integer affine
+function of the length through all three points (`a*n + b`: a loop's trip count, a step
+picked from the end, a matrix's row count, a mean's count as a float). That is what
+`parametrize` checks; it makes each such literal a value computed at the top of its
+function from n, which every part
+loads from the buffer table (slot `n_bufs`, after the temporaries). Anything else (a
+float that depends on the length other than as a whole number, a literal in a loop
+body's function, a type's size) raises SymbolicError, and the trace is compiled by
+numba.
+
+Three points, not two: a size that is not affine in the length (`x[::2]` has n // 2
+rows, a clamped slice `x[:10]` is constant only from 10 on) cannot agree with one affine
+function at three lengths, except a clamp whose three samples all lie past its corner;
+those come from slices the kernel checks at run time (`SymProgram.min_n`: below the
+least length every sample had, a call runs eagerly).
+
+Shapes, temporaries and outputs of the program are `Affine` where they change; the
+runtime (runtime.llvm_kernel.SymKernel) evaluates them for each call's n, which it reads
+from the input `sym` names.
+"""
+
+import math
+import re
+import struct
+from dataclasses import dataclass
+
+from ..errors import LoweringError
+from ..loop import is_loop, traced_trip
+from .llvm_arena import rounded
+from .llvm_program import LLProgram
+
+
+class SymbolicError(LoweringError):
+    """The traces do not lower to one kernel for every length."""
+
+
+@dataclass(frozen=True)
+class Affine:
+    """A size `a * n + b` of the symbolic length n."""
+
+    a: int
+    b: int
+
+    def at(self, n: int) -> int:
+        return self.a * n + self.b
+
+    def __repr__(self) -> str:
+        return f"{self.a}*n{self.b:+d}" if self.a != 1 else f"n{self.b:+d}"
+
+
+def at(size, n: int) -> int:
+    """`size` (an int or an Affine) at length n."""
+    return size.at(n) if isinstance(size, Affine) else size
+
+
+def shape_at(shape, n: int) -> tuple:
+    return tuple(at(s, n) for s in shape)
+
+
+def fit(values, ns):
+    """The int every value equals, else the Affine through every (n, value), else None."""
+    values = [int(v) for v in values]
+    if all(v == values[0] for v in values):
+        return values[0]
+    (n0, v0), (n1, v1) = (ns[0], values[0]), (ns[1], values[1])
+    if n0 == n1 or (v1 - v0) % (n1 - n0):
+        return None
+    a = (v1 - v0) // (n1 - n0)
+    b = v0 - a * n0
+    return Affine(a, b) if all(a * n + b == v for n, v in zip(ns, values)) else None
+
+
+def _fit_shape(shapes, ns, what):
+    if len({len(s) for s in shapes}) != 1:
+        raise SymbolicError(f"{what}: rank differs between lengths")
+    out = []
+    for sizes in zip(*shapes):
+        f = fit(sizes, ns)
+        if f is None:
+            raise SymbolicError(f"{what}: size {list(sizes)} is no affine function of the "
+                                f"length {list(ns)}")
+        out.append(f)
+    if sum(isinstance(s, Affine) for s in out) > 1:
+        raise SymbolicError(f"{what}: more than one dim follows the length")
+    return tuple(out)
+
+
+# ---- the IR texts ------------------------------------------------------------------------
+
+_TOKEN = re.compile(r'''
+    (?P<name>[%@!]"(?:[^"\\]|\\.)*"|[%@!][-\w.$]+)
+  | (?P<string>"(?:[^"\\]|\\.)*")
+  | (?P<hex>0x[0-9A-Fa-f]+)
+  | (?P<num>-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)
+  | (?P<word>[A-Za-z_][\w.]*)
+  | (?P<space>\s+)
+  | (?P<other>.)''', re.VERBOSE)
+_INT = re.compile(r"-?\d+$")
+_DEFINE = re.compile(r'define [^@]*@("[^"]+"|[-\w.$]+)\(i8\*\* (%"[^"]*"|%[-\w.$]+)')
+_BODY_FN = re.compile(r'_b\d+_')  # (a loop body's functions get another buffer table)
+_TYPES = {"i64": 64, "i32": 32, "float": 0, "double": 0}
+
+
+def _tokens(line) -> list:
+    return [(m.lastgroup, m.group()) for m in _TOKEN.finditer(line)]
+
+
+def _literals(column, ty):
+    """The integers a column of literal tokens (one per length) stands for: integer
+    literals of i64 or i32, or float literals (`fdiv float %s, 180.0`: a mean's count)
+    whose values are whole numbers; else None."""
+    texts = [text for _, text in column]
+    if ty in ("i64", "i32") and all(kind == "num" and _INT.match(t) for kind, t in column):
+        return [int(t) for t in texts]
+    if ty not in ("float", "double"):
+        return None
+    try:
+        values = [struct.unpack(">d", bytes.fromhex(t[2:].rjust(16, "0")))[0]
+                  if t.startswith("0x") else float(t) for t in texts]
+    except (ValueError, struct.error):
+        return None
+    if not all(math.isfinite(v) and v == int(v) and abs(v) < 2 ** 24 for v in values):
+        return None
+    return [int(v) for v in values]
+
+
+def _int_type(tokens, j):
+    """The type of the literal at token j: the nearest word before it on its line
+    (`add i64 %x, 5`, `store i32 7, ...`, `fdiv float %s, 180.0`), if that is i64, i32,
+    float or double."""
+    for kind, text in reversed(tokens[:j]):
+        if kind == "word":
+            return text if text in _TYPES else None
+    return None
+
+
+@dataclass
+class _Function:
+    name: str
+    table: str  # its first parameter: the buffer table
+    entry: int  # the line of its "entry:" label
+    values: dict  # (a, b, type) -> the name of the value computed at its top
+
+
+def parametrize(texts, ns, n_slot) -> tuple:
+    """(IR, largest n) from `texts` (one module lowered at each length of `ns`): every
+    literal that follows the length computed from n (see the module docstring); above
+    the largest n an i32 literal (a BLAS size) would overflow."""
+    lines = [t.split("\n") for t in texts]
+    if len({len(x) for x in lines}) != 1:
+        raise SymbolicError("the code differs between lengths (not only in sizes)")
+    out, fns, fn = list(lines[0]), [], None
+    for i, row in enumerate(zip(*lines)):
+        first = row[0]
+        if first.startswith("define "):
+            m = _DEFINE.match(first)
+            fn = _Function(m.group(1), m.group(2), -1, {}) if m else None
+            if fn is not None:
+                fns.append(fn)
+        elif fn is not None and fn.entry < 0 and first == "entry:":
+            fn.entry = i
+        elif first == "}":
+            fn = None
+        if any(r != first for r in row[1:]):
+            out[i] = _line(row, ns, fn)
+    largest = None
+    for fn in reversed([f for f in fns if f.values]):
+        out[fn.entry + 1:fn.entry + 1] = _prologue(fn, n_slot)
+        for a, b, ty in fn.values:
+            if ty == "i32":
+                top = (2 ** 31 - 1 - b) // a if a > 0 else None
+                largest = top if largest is None or (top is not None and top < largest) \
+                    else largest
+    return "\n".join(out), largest
+
+
+def _line(row, ns, fn) -> str:
+    toks = [_tokens(r) for r in row]
+    if len({len(t) for t in toks}) != 1:
+        raise SymbolicError(f"the code differs between lengths: {row[0].strip()[:80]!r}")
+    parts = []
+    for j, column in enumerate(zip(*toks)):
+        kind, text = column[0]
+        if all(c == column[0] for c in column[1:]):
+            parts.append(text)
+            continue
+        ty = _int_type(toks[0], j)
+        values = _literals(column, ty)
+        if values is None or fn is None or fn.entry < 0 or _BODY_FN.search(fn.name):
+            raise SymbolicError("the code differs between lengths beyond its sizes: "
+                                f"{row[0].strip()[:80]!r}")
+        f = fit(values, ns)
+        if not isinstance(f, Affine):
+            raise SymbolicError(f"a literal is no affine function of the length: "
+                                f"{[c[1] for c in column]} at {list(ns)}")
+        key = (f.a, f.b, ty)
+        name = fn.values.setdefault(key, f'%"hn.s{len(fn.values)}"')
+        parts.append(name)
+    return "".join(parts)
+
+
+def _prologue(fn, n_slot) -> list:
+    """The lines computing n and each literal's value at the top of `fn`."""
+    rows = [f'  %"hn.np" = getelementptr i8*, i8** {fn.table}, i64 {n_slot}',
+            '  %"hn.nv" = load i8*, i8** %"hn.np"',
+            '  %"hn.n" = ptrtoint i8* %"hn.nv" to i64']
+    for (a, b, ty), name in fn.values.items():
+        wide = name[:-1] + '.w"' if ty != "i64" else name
+        rows.append(f'  {name[:-1]}.m" = mul i64 %"hn.n", {a}')
+        rows.append(f'  {wide} = add i64 {name[:-1]}.m", {b}')
+        if ty == "i32":
+            rows.append(f"  {name} = trunc i64 {wide} to {ty}")
+        elif ty != "i64":  # (a whole number as a float: exact below 2**24)
+            rows.append(f"  {name} = sitofp i64 {wide} to {ty}")
+    return rows
+
+
+# ---- the program -------------------------------------------------------------------------
+
+
+def varying_temps(firsts) -> set:
+    """The temporaries whose size differs between the first passes (llvm_emit.first_pass)
+    of the lengths; raises when the passes do not have the same temporaries."""
+    ks = [k for _, _, k in firsts]
+    if len({len(k.temps) for k in ks}) != 1 or any(k.lives != ks[0].lives for k in ks):
+        raise SymbolicError("the temporaries differ between lengths")
+    return {j for j, sizes in enumerate(zip(*(k.temps for k in ks)))
+            if len(set(sizes)) > 1}
+
+
+def symbolic_program(programs, ns, apart, bounds) -> LLProgram:
+    """One LLProgram for every length from `programs` (llvm_emit.lower_llvm of one graph
+    traced at each length of `ns`, with `apart` the temporaries whose size varies and
+    call=False); `bounds`: a Bounds of the graphs."""
+    p0 = programs[0]
+    _same_interface(programs)
+    inputs = [(_fit_shape([p.inputs[i][0] for p in programs], ns, f"input {i}"), d)
+              for i, (_, d) in enumerate(p0.inputs)]
+    outputs = [(_fit_shape([p.outputs[i][0] for p in programs], ns, f"output {i}"), d)
+               for i, (_, d) in enumerate(p0.outputs)]
+    temps = [fit([p.temps[j] for p in programs], ns) for j in range(len(p0.temps))]
+    if any(t is None for t in temps) or \
+            {j for j, t in enumerate(temps) if isinstance(t, Affine)} != set(apart):
+        raise SymbolicError("a temporary's size is no affine function of the length")
+    fixed = [j for j in range(len(temps)) if j not in apart]
+    if any([p.temp_offsets[j] for j in fixed] != [p0.temp_offsets[j] for j in fixed]
+           for p in programs):
+        raise SymbolicError("the arena plan differs between lengths")
+    sym = _sym_input(inputs)
+    n_slot = len(p0.inputs) + len(p0.consts) + len(p0.outputs) + len(p0.temps)
+    text, largest = parametrize([p.source for p in programs], ns, n_slot)
+    out = LLProgram(text, inputs, p0.consts, outputs, temps, list(p0.fns), p0.units)
+    for flag in ("uses_blas", "single_output", "same_as", "status", "large_products"):
+        setattr(out, flag, getattr(p0, flag))
+    out.temp_offsets = list(p0.temp_offsets)
+    out.arena = max((p0.temp_offsets[j] + rounded(p0.temps[j]) for j in fixed), default=0)
+    out.sym, out.apart, out.may_exit = sym, sorted(apart), True
+    for t in temps:
+        bounds.at_least(t, 1)
+    if largest is not None:
+        bounds.most = largest if bounds.most is None else min(bounds.most, largest)
+    if bounds.most is not None and bounds.most < max(ns):
+        raise SymbolicError("the traced lengths lie outside the kernel's bounds")
+    out.min_n, out.max_n = bounds.least, bounds.most
+    out.notes = [f"llvm: one kernel for every length n (traced at {sorted(ns)}; the input "
+                 f"{sym[0]}'s dim {sym[1]} is {sym[2]!r}), n >= {out.min_n}"] + \
+        list(p0.notes)
+    out.finish()
+    return out
+
+
+def _same_interface(programs):
+    p0 = programs[0]
+    for p in programs[1:]:
+        if [d for _, d in p.inputs] != [d for _, d in p0.inputs] or \
+                [d for _, d in p.outputs] != [d for _, d in p0.outputs] or \
+                p.fns != p0.fns or p.same_as != p0.same_as or p.status != p0.status or \
+                len(p.temps) != len(p0.temps) or len(p.consts) != len(p0.consts) or \
+                any(a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes()
+                    for a, b in zip(p.consts, p0.consts)) or p.split_rows or p0.split_rows:
+            raise SymbolicError("the kernels' interfaces differ between lengths")
+
+
+def _sym_input(inputs) -> tuple:
+    """(input index, dim, Affine) the runtime reads n from: the first input with a size
+    that follows the length (a = 1 preferred)."""
+    found = [(i, d, s) for i, (shape, _) in enumerate(inputs)
+             for d, s in enumerate(shape) if isinstance(s, Affine)]
+    if not found:
+        raise SymbolicError("no input of the kernel has the symbolic length")
+    return min(found, key=lambda f: (abs(f[2].a) != 1, f[0]))
+
+
+class Bounds:
+    """The lengths n at which a kernel traced at other lengths computes what eager would:
+    every size at least 1, every slice inside its input, every loop with a step and its
+    picked steps inside it (the numba backend checks these in its kernels)."""
+
+    def __init__(self):
+        self.least, self.most = 1, None
+
+    def at_least(self, value, floor):
+        """value(n) >= floor, for value an int or an Affine."""
+        a, b = (value.a, value.b) if isinstance(value, Affine) else (0, int(value))
+        if a > 0:
+            self.least = max(self.least, -(-(floor - b) // a))
+        elif a < 0:
+            top = (b - floor) // -a
+            self.most = top if self.most is None else min(self.most, top)
+
+    def walk(self, graphs, ns):
+        """Add the bounds of one graph traced at each length of `ns` (the same nodes)."""
+        if len({len(g.nodes) for g in graphs}) != 1:
+            raise SymbolicError("the graphs differ between lengths")
+        for nodes in zip(*(g.nodes for g in graphs)):
+            if len({n.op for n in nodes}) != 1:
+                raise SymbolicError("the graphs differ between lengths")
+            shape = _fit_shape([tuple(n.shape) for n in nodes], ns, nodes[0].op)
+            for size in shape:
+                self.at_least(size, 1)
+            if nodes[0].op == "slice":
+                self._slice(nodes, ns)
+            elif is_loop(nodes[0]):
+                self._loop(nodes, ns)
+
+    def _slice(self, nodes, ns):
+        src = _fit_shape([tuple(n.inputs[0].shape) for n in nodes], ns, "slice")
+        for d, size in enumerate(src):
+            start = _need([n.attrs["index"][d][0] for n in nodes], ns)
+            stop = _need([n.attrs["index"][d][1] for n in nodes], ns)
+            self.at_least(start, 0)
+            self.at_least(_minus(size, stop), 0)
+
+    def _loop(self, nodes, ns):
+        trip = _need([traced_trip(n) for n in nodes], ns)
+        self.at_least(trip, 1)
+        for j in range(len(nodes[0].attrs["spec"].picks)):
+            at = _need([n.attrs["spec"].picks[j].at(traced_trip(n)) for n in nodes], ns)
+            self.at_least(at, 0)
+            self.at_least(_minus(_minus(trip, 1), at), 0)
+
+
+def _need(values, ns):
+    f = fit(values, ns)
+    if f is None:
+        raise SymbolicError(f"{list(values)} is no affine function of the length {list(ns)}")
+    return f
+
+
+def _minus(x, y):
+    """x - y for ints and Affines."""
+    xa, xb = (x.a, x.b) if isinstance(x, Affine) else (0, x)
+    ya, yb = (y.a, y.b) if isinstance(y, Affine) else (0, y)
+    return Affine(xa - ya, xb - yb) if xa != ya else xb - yb
+
+
+def evaluate_layout(program, n):
+    """(input shapes, output shapes, temporary offsets, arena bytes) at length n."""
+    ins = [(shape_at(s, n), d) for s, d in program.inputs]
+    outs = [(shape_at(s, n), d) for s, d in program.outputs]
+    offsets, end = list(program.temp_offsets), program.arena
+    for j in program.apart:
+        offsets[j] = end
+        end += rounded(at(program.temps[j], n))
+    return ins, outs, offsets, end
+
+
+
+
+
+def lower_symbolic(graphs, ns) -> LLProgram:
+    """One program for every length from `graphs` (one optimized graph traced at each
+    length of `ns`, at least three); raises SymbolicError (a LoweringError) when they do
+    not make one."""
+    from .llvm_emit import first_pass, lower_llvm
+    if len(set(ns)) < 3 or len(graphs) != len(ns):
+        raise SymbolicError("a kernel for every length needs traces at three lengths")
+    bounds = Bounds()
+    bounds.walk(graphs, ns)
+    firsts = [first_pass(g, parallel=False) for g in graphs]
+    apart = varying_temps(firsts)
+    programs = [lower_llvm(g, first=f, apart=apart, call=False)
+                for g, f in zip(graphs, firsts)]
+    return symbolic_program(programs, ns, apart, bounds)
+
+
+__all__ = ["Affine", "Bounds", "SymbolicError", "fit", "parametrize", "symbolic_program",
+           "lower_symbolic", "varying_temps", "evaluate_layout", "at", "shape_at"]

@@ -1,0 +1,271 @@
+"""One llvm kernel for every length of a rerolled loop (compiler.lowering.llvm_sym,
+runtime.llvm_kernel.SymKernel): three traces of other lengths lower to IR that differs
+only in integer literals affine in the length; those become values computed from n.
+
+Oracles: eager hybridnet (results, gradients, parameters and optimizer state after
+every call), the exact llvm kernels of the same traces (bit for bit), and unit tests of
+the text parametrization on hand-written IR.
+"""
+
+import numpy as np
+import pytest
+from trace_helpers import same_loss_and_grads
+
+import hybridnet as hn
+import hybridnet.nn as nn
+import hybridnet.nn.functional as F
+from compiler.lowering.llvm_sym import (
+    Affine,
+    Bounds,
+    SymbolicError,
+    fit,
+    parametrize,
+)
+from runtime.llvm_kernel import SymKernel
+
+# ---- the text and the fits ---------------------------------------------------------------
+
+FN = '''define internal void @"hn_part0"(i8** %".1", i8** %".2", i64 %".3", i64 %".4") noinline
+{{
+entry:
+  %".5" = getelementptr i8*, i8** %".1", i64 1
+  br label %"loop"
+loop:
+  %".6" = phi i64 [0, %"entry"], [%".8", %"loop"]
+  %".8" = add i64 %".6", {step}
+  %".9" = icmp slt i64 %".8", {trip}
+  br i1 %".9", label %"loop", label %"done"
+done:
+  ret void
+}}'''
+
+
+def test_fit_is_exact_through_every_point():
+    assert fit([7, 7, 7], [3, 5, 9]) == 7
+    assert fit([6, 10, 18], [3, 5, 9]) == Affine(2, 0)
+    assert fit([2, 4, 8], [3, 5, 9]) == Affine(1, -1)
+    assert fit([1, 2, 4], [3, 5, 9]) is None  # (n // 2: slope 1/2)
+    assert fit([6, 6, 7], [12, 13, 14]) is None  # (n // 2 across a boundary)
+    assert fit([9, 25, 81], [3, 5, 9]) is None  # (n * n)
+    assert Affine(32, -64).at(10) == 256
+
+
+def test_parametrize_computes_each_literal_from_n():
+    texts = [FN.format(step=1, trip=t) for t in (12, 13, 17)]
+    text, largest = parametrize(texts, [12, 13, 17], n_slot=9)
+    assert largest is None
+    assert 'icmp slt i64 %".8", %"hn.s0"' in text
+    assert 'getelementptr i8*, i8** %".1", i64 9' in text  # (n from the table's slot 9)
+    assert '%"hn.s0.m" = mul i64 %"hn.n", 1' in text
+    assert '%"hn.s0" = add i64 %"hn.s0.m", 0' in text
+    assert text.index('%"hn.n" =') < text.index('%".5"')  # (at the top of the function)
+    from runtime.llvm_engine import _llvm
+    _llvm()["llvm"].parse_assembly(text).verify()
+
+
+@pytest.mark.parametrize("texts, why", [
+    ([FN.format(step=1, trip=t) for t in (12, 13, 18)], "no affine"),  # (not on a line)
+    ([FN.format(step=1, trip=t) for t in (12, 13, 14)][:2] + [FN], "differs"),
+    ([FN.format(step=s, trip=12) for s in (1, 1, 1)][:2] +
+     [FN.format(step=1, trip=12).replace("add i64", "sub i64")], "differs"),
+    ([FN.replace("{step}", "1").replace("{trip}", "12").replace("{{", "{").replace(
+        "}}", "}").replace("i64 %\".6\", 1", f"i64 %\".6\", {v}.0") for v in (1, 2, 3)],
+     "differs"),
+])
+def test_parametrize_refuses_what_is_not_a_size(texts, why):
+    with pytest.raises(SymbolicError, match=why):
+        parametrize(texts, [12, 13, 14], n_slot=9)
+
+
+def test_a_literal_in_a_loop_body_function_is_refused():
+    texts = [FN.format(step=1, trip=t).replace("hn_part0", "hn_b0_part0") for t in (4, 5, 6)]
+    with pytest.raises(SymbolicError, match="beyond its sizes"):
+        parametrize(texts, [4, 5, 6], n_slot=9)
+
+
+def test_bounds_from_affine_constraints():
+    b = Bounds()
+    b.at_least(Affine(1, -3), 1)  # (n - 3 >= 1)
+    b.at_least(Affine(2, 0), 1)
+    b.at_least(5, 1)
+    assert b.least == 4 and b.most is None
+    b.at_least(Affine(-1, 40), 0)
+    assert b.most == 40
+
+
+# ---- through hn.trace ---------------------------------------------------------------------
+
+
+def _over(cell, xs, lstm=False):
+    h = hn.zeros(3, 5)
+    state = (h, hn.zeros(3, 5)) if lstm else h
+    for t in range(xs.shape[0]):
+        state = cell(xs[t], state)
+    return state[0] if lstm else state
+
+
+def _symbolic(traced):
+    generic = [e for e in traced.specializations.values() if e.symbolic]
+    assert len(generic) == 1, traced.stats.events
+    return generic[0].traces[0].result
+
+
+@pytest.mark.parametrize("cls", [nn.RNNCell, nn.GRUCell, nn.LSTMCell])
+def test_one_llvm_kernel_serves_lengths_1_to_100(cls):
+    hn.manual_seed(7)
+    cell = cls(4, 5)
+    lstm = cls is nn.LSTMCell
+    traced = hn.trace(lambda xs, y: F.mse_loss(_over(cell, xs, lstm), y))
+    rng = np.random.default_rng(7)
+
+    def call(steps):
+        xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
+        y = hn.tensor(rng.standard_normal((3, 5)).astype(np.float32))
+        same_loss_and_grads(traced, cell, xs, y)
+
+    for steps in (20, 23, 31):
+        call(steps)
+    result = _symbolic(traced)
+    assert isinstance(result.kernel, SymKernel) and isinstance(result.backward.kernel,
+                                                               SymKernel)
+    assert result.fallback is None and result.backward.fallback is None
+    compiles, traces = traced.stats.compiles, traced.stats.traces
+    for steps in [1, 2, 3, 100, 4, 57] + list(range(5, 100, 7)):
+        call(steps)
+    assert (traced.stats.compiles, traced.stats.traces) == (compiles, traces), \
+        traced.stats
+    assert traced.stats.compiled_calls >= 15, traced.stats
+    assert not any(e["kind"] == "backend_fallback" for e in traced.stats.events)
+
+
+def test_the_symbolic_kernel_equals_the_exact_kernels_bit_for_bit():
+    hn.manual_seed(2)
+    cell = nn.GRUCell(4, 5)
+    traced = hn.trace(lambda xs: _over(cell, xs), dynamic=False)
+    rng = np.random.default_rng(2)
+    exact = {}
+    with hn.no_grad():
+        for steps in (9, 10, 14, 25):
+            xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
+            traced(xs)
+            traced(xs)
+            entry = list(traced.specializations.values())[-1]
+            exact[steps] = entry.traces[0].result
+            gather = entry.traces[0].gather
+    from runtime.pipeline import symbolic_kernel
+    kernel, program = symbolic_kernel([exact[n].optimized for n in (9, 10, 14)], [9, 10, 14])
+    assert program.sym[2] == Affine(1, 0) and "hn.n" in program.source
+    assert program.min_n == 1  # (the loop holds every step: one step is enough)
+    for steps in (9, 14, 25):  # (25: no trace at that length went into it)
+        ins = [rng.standard_normal(s).astype(d) for s, d in exact[steps].program.inputs]
+        want, got = exact[steps].kernel(*ins), kernel(*ins)
+        for a, b in zip(want if isinstance(want, tuple) else (want,),
+                        got if isinstance(got, tuple) else (got,)):
+            np.testing.assert_array_equal(a, b)
+    ins = [rng.standard_normal(s).astype(d) for s, d in exact[9].program.inputs]
+    xs = hn.tensor(rng.standard_normal((1, 3, 4)).astype(np.float32))
+    with hn.no_grad():  # (one step, with the cell's own weights)
+        np.testing.assert_allclose(kernel(*gather([xs])), _over(cell, xs).numpy(), rtol=1e-5,
+                                   atol=1e-6)
+    ins[program.sym[0]] = ins[program.sym[0]][:0]  # (below the kernel's bounds)
+    with pytest.raises(ValueError, match="hn-loop"):
+        kernel(*ins)
+
+
+def _steps_loss(cell, scale):
+    def loss(xs):
+        h, outs = hn.zeros(3, 5), []
+        for t in range(xs.shape[0]):
+            h = cell(xs[t], h)
+            outs.append(h)
+        return hn.stack(outs).mean() * scale(xs.shape[0])
+    return loss
+
+
+def test_a_mean_over_every_step_is_one_llvm_kernel():
+    """The mean's count (3 * 5 * n) is a float literal of the IR: a whole number affine in
+    the length, computed from n."""
+    hn.manual_seed(1)
+    cell = nn.RNNCell(4, 5)
+    traced = hn.trace(_steps_loss(cell, lambda n: 1.0))
+    rng = np.random.default_rng(1)
+    for steps in (12, 15, 19, 26, 12, 3, 40):
+        xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
+        same_loss_and_grads(traced, cell, xs)
+    assert _symbolic(traced).backend == "llvm"
+    assert "sitofp" in _symbolic(traced).kernel.source
+    assert not any(e["kind"] == "backend_fallback" for e in traced.stats.events)
+
+
+def test_a_float_that_is_no_count_goes_to_numba_with_the_reason():
+    hn.manual_seed(1)
+    cell = nn.RNNCell(4, 5)
+    traced = hn.trace(_steps_loss(cell, lambda n: n ** -0.5))
+    rng = np.random.default_rng(1)
+    for steps in (12, 15, 19, 26, 12):
+        xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
+        same_loss_and_grads(traced, cell, xs)
+    fallbacks = [e["detail"] for e in traced.stats.events if e["kind"] == "backend_fallback"]
+    assert fallbacks and "no kernel for every length" in fallbacks[0], traced.stats.events
+
+
+def test_a_slice_of_fixed_size_bounds_the_length():
+    """x[:4] has 4 rows from length 4 on and fewer below: the kernel traced at longer
+    lengths runs only from 4 on; shorter calls run eagerly, with eager's answer."""
+    hn.manual_seed(4)
+    cell = nn.RNNCell(4, 5)
+
+    def f(xs):
+        h = xs[:4].sum(0) @ hn.ones(4, 5)
+        for t in range(xs.shape[0]):
+            h = cell(xs[t], h)
+        return h
+    traced = hn.trace(f)
+    rng = np.random.default_rng(4)
+    with hn.no_grad():
+        for steps in (10, 11, 13, 2, 3, 4, 5, 30):
+            xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
+            np.testing.assert_allclose(traced(xs).numpy(), f(xs).numpy(), rtol=1e-5,
+                                       atol=1e-6)
+    result = _symbolic(traced)
+    assert result.kernel.program.min_n >= 4
+
+
+def test_a_training_step_over_lengths_keeps_eager_state():
+    """The whole step (forward, backward, Adam) traced; an eager twin runs the same data:
+    losses, parameters and Adam's moments agree after every step."""
+    def make():
+        hn.manual_seed(9)
+        cell, head = nn.LSTMCell(4, 6), nn.Linear(6, 2)
+        params = list(cell.parameters()) + list(head.parameters())
+        opt = hn.optim.Adam(params, lr=0.01)
+
+        def step(xs, y):
+            opt.zero_grad()
+            h = c = hn.zeros(3, 6)
+            for t in range(xs.shape[0]):
+                h, c = cell(xs[t], (h, c))
+            loss = F.cross_entropy(head(h), y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return step, params, opt
+    traced_step, tparams, topt = make()
+    traced = hn.trace(traced_step)
+    eager_step, eparams, eopt = make()
+    rng = np.random.default_rng(9)
+    for steps in (12, 12, 15, 15, 21, 21, 8, 40, 12, 9, 33, 15):
+        xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
+        y = hn.tensor(rng.integers(0, 2, 3))
+        np.testing.assert_allclose(traced(xs, y).item(), eager_step(xs, y).item(),
+                                   rtol=1e-5, atol=1e-6)
+        for a, b in zip(tparams, eparams):
+            np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-4,
+                                       atol=1e-6)
+            sa, sb = topt.state[a], eopt.state[b]
+            for key in ("exp_avg", "exp_avg_sq"):
+                np.testing.assert_allclose(sa[key].numpy(), sb[key].numpy(), rtol=1e-4,
+                                           atol=1e-7)
+    generic = [e for e in traced.specializations.values() if e.symbolic]
+    assert generic and generic[0].traces[0].result.backend == "llvm", traced.stats.events
+    assert traced.stats.compiled_calls >= 4, traced.stats
