@@ -1,7 +1,7 @@
 """Training benchmarks: W2 (an MLP training step) and W4 (an RNN trained over sequences of
 many lengths), hybridnet eager and traced against NumPy, PyTorch and JAX when installed.
 
-    python benchmarks/training.py [w2] [w4] [--quick] [--busy]
+    python benchmarks/training.py [w2] [w4] [lm] [--quick] [--busy]
 
 W2: batch 64, 784-256-256-10, ReLU, softmax cross-entropy, SGD (lr 0.01), float32; the
 whole step (zero_grad, forward, loss, backward, step) as users write it. Rows: the step
@@ -310,7 +310,106 @@ def bench_w4(quick):
     return rows
 
 
-WORKLOADS = {"w2": bench_w2, "w4": bench_w4}
+# ---- LM: a 2-layer LSTM language model's whole training step --------------------------------
+
+LM = dict(vocab=1000, d=200, layers=2, bptt=35, batch=20)
+
+
+class _LM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(LM["vocab"], LM["d"])
+        self.rnn = nn.LSTM(LM["d"], LM["d"], LM["layers"])
+        self.head = nn.Linear(LM["d"], LM["vocab"])
+
+    def forward(self, x):
+        out, _ = self.rnn(self.embed(x))
+        return self.head(out.reshape(-1, LM["d"]))
+
+
+def _lm_batches(lengths):
+    rng = np.random.default_rng(0)
+    return [(rng.integers(0, LM["vocab"], (n, LM["batch"])),
+             rng.integers(0, LM["vocab"], n * LM["batch"])) for n in lengths]
+
+
+def _hn_lm(batches, traced):
+    hn.manual_seed(0)
+    model = _LM()
+    opt = hn.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    fn = hn.trace(step) if traced else step
+    data = [(hn.from_numpy(x), hn.from_numpy(y)) for x, y in batches]
+    times = []
+    for x, y in data:
+        start = time.perf_counter()
+        fn(x, y).item()
+        times.append(time.perf_counter() - start)
+    return times, fn
+
+
+def _torch_lm(torch, batches):
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    embed = torch.nn.Embedding(LM["vocab"], LM["d"])
+    rnn = torch.nn.LSTM(LM["d"], LM["d"], LM["layers"])
+    head = torch.nn.Linear(LM["d"], LM["vocab"])
+    params = [*embed.parameters(), *rnn.parameters(), *head.parameters()]
+    opt = torch.optim.SGD(params, lr=0.1)
+    times = []
+    for x, y in batches:
+        x, y = torch.from_numpy(x), torch.from_numpy(y)
+        start = time.perf_counter()
+        opt.zero_grad()
+        out, _ = rnn(embed(x))
+        loss = torch.nn.functional.cross_entropy(head(out.reshape(-1, LM["d"])), y)
+        loss.backward()
+        opt.step()
+        loss.item()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def bench_lm(quick):
+    """The LM step over batches of 35 steps, then a shorter one (as a corpus split into
+    bptt chunks ends), then 35 again. The traced step's first three calls hold its
+    compile: the first runs eagerly (the optimizer creates its state), the second is
+    traced, the third compiles (LLVM) and runs."""
+    lengths = [35] * (6 if quick else 10) + [17, 35, 35]
+    batches = _lm_batches(lengths)
+    rows = []
+    with empty_kernel_cache():
+        traced_times, fn = _hn_lm(batches, True)
+    eager_times, _ = _hn_lm(batches, False)
+    runs = [("hn @trace on the whole step", traced_times), ("hn eager", eager_times)]
+    torch = optional("torch")
+    if torch is not None:
+        runs.append(("torch eager", _torch_lm(torch, batches)))
+    for name, t in runs:
+        rows.append({"impl": name, "first": sum(t[:3]), "step": float(np.median(t[3:-3]))})
+    base = rows[0]["step"]
+    for r in rows:
+        r["ratio"] = r["step"] / base
+    print_table(f"LM: 2-layer LSTM language model (vocab {LM['vocab']}, {LM['d']}/{LM['d']}, "
+                f"bptt {LM['bptt']}, batch {LM['batch']}), SGD, whole step", rows,
+                [("impl", "implementation", str), ("first", "first three calls", fmt_time),
+                 ("step", "median step", fmt_time), ("ratio", "vs traced", lambda v: f"{v:.2f}x")])
+    kernels = [e.traces[0].result.kernel for e in fn.specializations.values()]
+    llvm = sum(v for k in kernels if k.compiled for p, v in k.phases.items() if p != "lower")
+    print(f"  traced: calls {', '.join(fmt_time(t) for t in traced_times[:3])} (eager, "
+          f"traced, compiled: LLVM {fmt_time(llvm)}"
+          f"); a 17-step batch {fmt_time(traced_times[-3])} (traced), then "
+          f"{fmt_time(traced_times[-2])}; {fn.stats}")
+    return rows
+
+
+WORKLOADS = {"w2": bench_w2, "w4": bench_w4, "lm": bench_lm}
 
 
 def main():

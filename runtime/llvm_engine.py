@@ -14,6 +14,7 @@ compiler.lowering.llvm_* import llvmlite; nothing here imports Numba.
 
 import ctypes
 import hashlib
+import json
 import os
 import platform
 import shutil
@@ -264,6 +265,31 @@ class LazyKernel:
 
     def __repr__(self) -> str:
         return f"<LazyKernel {self.filename} compiled={self.compiled}>"
+
+
+def compile_symbolic(program) -> LLVMKernel:
+    """A kernel for every length (compiler.lowering.llvm_sym), from the disk cache when an
+    earlier process compiled the same program (its record must equal this program's),
+    else compiled now and stored. The key is the program's IR and record, so lowering
+    comes first; only LLVM is saved."""
+    meta = program.to_meta()
+    key = key_of("symbolic", json.dumps(meta, sort_keys=True), code_version(), host_cpu(),
+                 f"width={vector_width()}", f"linker={bool(_linker())}")
+    start = time.perf_counter()
+    found = OBJECTS.get_library(key) if _linker() else None
+    if found is not None:
+        record, path = found
+        try:
+            if record["meta"] != json.loads(json.dumps(meta)):
+                raise ValueError("the record is another program's")
+            lib = ctypes.CDLL(path)
+            address = _symbols(lib, f"hn_{program_digest(program)}")
+            return kernel_class(program)(program, address,
+                                         {"load": time.perf_counter() - start},
+                                         from_disk=True, keep=lib)
+        except (OSError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            OBJECTS.discard_library(key, f"{type(exc).__name__}: {exc}")
+    return compile_llvm(program, key if _linker() else None)
 
 
 def compile_llvm(program, key) -> LLVMKernel:

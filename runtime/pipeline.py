@@ -17,7 +17,7 @@ from compiler.lowering.node_rules import view_root
 from .backends import get_backend, large_product
 from .cache import KERNELS as _KERNELS
 from .executor import Executable
-from .llvm_engine import compile_llvm
+from .llvm_engine import compile_symbolic
 
 
 def aliased_results(outputs, fresh, owned=(), saved_from=None) -> list:
@@ -106,7 +106,7 @@ def _kernel_for(backend, optimized, dynamic):
 def symbolic_kernel(graphs, ns):
     """(kernel, program): one llvm kernel for every length, from one optimized graph
     traced at each length of `ns` (compiler.lowering.llvm_sym; raises LoweringError when
-    they make none), compiled or taken from the process-wide cache (not the disk's)."""
+    they make none), compiled, or taken from the process-wide or the disk cache."""
     start = time.perf_counter()
     program = lower_symbolic(graphs, ns)
     program.large_products = program.uses_blas and any(large_product(g) for g in graphs)
@@ -115,7 +115,7 @@ def symbolic_kernel(graphs, ns):
     cached = _KERNELS.get(key)
     if cached is not None:
         return cached
-    kernel = compile_llvm(program, None)
+    kernel = compile_symbolic(program)
     kernel.phases = {"lower": lowered, **kernel.phases}
     kernel.compile_seconds = sum(kernel.phases.values())
     _KERNELS.put(key, (kernel, program))

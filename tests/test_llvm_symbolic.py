@@ -269,3 +269,47 @@ def test_a_training_step_over_lengths_keeps_eager_state():
     generic = [e for e in traced.specializations.values() if e.symbolic]
     assert generic and generic[0].traces[0].result.backend == "llvm", traced.stats.events
     assert traced.stats.compiled_calls >= 4, traced.stats
+
+
+_CHILD = """
+import numpy as np, hybridnet as hn, hybridnet.nn as nn, hybridnet.nn.functional as F
+hn.manual_seed(0)
+cell = nn.GRUCell(4, 5)
+def loss(xs, y):
+    h = hn.zeros(3, 5)
+    for t in range(xs.shape[0]):
+        h = cell(xs[t], h)
+    return F.mse_loss(h, y)
+f = hn.trace(loss)
+rng = np.random.default_rng(0)
+for steps in (9, 12, 16, 30):
+    xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
+    y = hn.tensor(rng.standard_normal((3, 5)).astype(np.float32))
+    cell.zero_grad(); f(xs, y).backward()
+    got = [p.grad.numpy().copy() for p in cell.parameters()]
+    cell.zero_grad(); loss(xs, y).backward()
+    err = max(float(np.abs(a - p.grad.numpy()).max()) for a, p in zip(got, cell.parameters()))
+(entry,) = [e for e in f.specializations.values() if e.symbolic]
+res = entry.traces[0].result
+print(int(res.kernel.from_disk), int(res.backward.kernel.from_disk), ",".join(res.kernel.phases),
+      err)
+"""
+
+
+def test_a_new_process_loads_the_kernel_for_every_length_from_disk(tmp_path):
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, HYBRIDNET_CACHE_DIR=str(tmp_path), PYTHONPATH=root)
+    env.pop("HYBRIDNET_BACKEND", None)
+
+    def child():
+        out = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
+                             env=env, check=True)
+        fw, bw, phases, err = out.stdout.split()
+        return int(fw), int(bw), phases, float(err)
+    fw, bw, phases, err = child()
+    assert (fw, bw) == (0, 0) and "llvm_optimize" in phases and err < 1e-5
+    fw, bw, phases, err = child()
+    assert (fw, bw) == (1, 1) and "llvm_optimize" not in phases and err < 1e-5, phases

@@ -102,15 +102,24 @@ class LLProgram:
     arena: int = 0  # bytes of the scratch arena (llvm_arena.plan)
 
     def to_meta(self) -> dict:
-        """Plain data for the disk cache (JSON): everything but the constants and units."""
-        return {"source": self.source, "entry": self.entry, "temps": list(self.temps),
-                "inputs": [[list(s), str(d)] for s, d in self.inputs],
-                "outputs": [[list(s), str(d)] for s, d in self.outputs],
+        """Plain data for the disk cache (JSON): everything but the constants and units.
+        (A kernel for every length, compiler.lowering.llvm_sym, writes its affine sizes as
+        [a, b] and its length's bounds; runtime.llvm_engine.compile_symbolic compares the
+        record with its own program's.)"""
+        meta = {"source": self.source, "entry": self.entry,
+                "temps": [_size(t) for t in self.temps],
+                "inputs": [[[_size(x) for x in s], str(d)] for s, d in self.inputs],
+                "outputs": [[[_size(x) for x in s], str(d)] for s, d in self.outputs],
                 "fns": list(self.fns), "uses_blas": self.uses_blas,
                 "large_products": self.large_products, "single_output": self.single_output,
                 "split_rows": self.split_rows, "notes": list(self.notes),
                 "same_as": list(self.same_as), "status": self.status,
                 "temp_offsets": list(self.temp_offsets), "arena": self.arena}
+        sym = getattr(self, "sym", None)
+        if sym is not None:
+            meta["symbolic"] = [sym[0], sym[1], _size(sym[2]), list(self.apart), self.min_n,
+                                self.max_n]
+        return meta
 
     @classmethod
     def from_meta(cls, meta, graph, units) -> "LLProgram":
@@ -148,6 +157,11 @@ class LLProgram:
                             self.arena, self.fns))
         self.globals = {f"C{j}": c for j, c in enumerate(self.consts)}
         self.cost = self.source.count("\n")
+
+
+def _size(x):
+    """A size for JSON: an int, or [a, b] for an affine size a*n + b (llvm_sym.Affine)."""
+    return [int(x.a), int(x.b)] if hasattr(x, "a") else int(x)
 
 
 def _arena_ok(p) -> bool:
