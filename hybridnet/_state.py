@@ -35,6 +35,10 @@ class TraceHooks:
     def note_grad(self, t, value, write: bool) -> None:
         """`t.grad` was read (or, with `write`, assigned) as `value`."""
 
+    def note_clamp(self) -> None:
+        """A slice bound lay outside its dim and was clamped (`x[:20]` of 10 rows): the
+        trace holds a decision on that size, so its lengths never become symbolic."""
+
 
 class _State:
     __slots__ = ("grad", "recorders", "tracer")

@@ -54,6 +54,16 @@ def _is_array_like(x) -> bool:
     return isinstance(x, (Tensor, np.ndarray, list))
 
 
+def _clamped(item, size) -> bool:
+    """Does slice `item` name a bound outside a dim of `size` (which Python clamps), or
+    an empty range?"""
+    bounds = [b for b in (item.start, item.stop) if b is not None]
+    if any(not -size <= int(b) <= size for b in bounds):
+        return True
+    start, stop, _ = item.indices(size)
+    return stop < start
+
+
 def _parse(t, index):
     """Split index into a slice spec, the final basic shape and advanced indices."""
     items = _expand_ellipsis(t, index)
@@ -78,6 +88,8 @@ def _parse(t, index):
             start, stop, step = item.indices(t.shape[dim])
             if step <= 0:
                 raise ValueError("step must be greater than zero")
+            if STATE.tracer is not None and _clamped(item, t.shape[dim]):
+                STATE.tracer.note_clamp()
             stop = max(stop, start)
             spec.append((start, stop, step))
             shape.append(len(range(start, stop, step)))

@@ -29,7 +29,7 @@ from compiler.lowering.numba_codegen import (
 )
 from compiler.passes.fusion import partition
 
-from .llvm_engine import LazyKernel, graph_key, load_cached
+from .llvm_engine import compile_llvm, graph_key, load_cached
 from .numba_engine import compile_program
 
 
@@ -119,9 +119,9 @@ class LLVMBackend(Backend):
         return program
 
     def compile(self, program):
-        """The kernel, compiled by LLVM at its first call (LazyKernel)."""
-        return LazyKernel(program, program.key, {"lower": getattr(program, "lower_seconds",
-                                                                   0.0)})
+        kernel = compile_llvm(program, program.key)
+        kernel.phases = {"lower": getattr(program, "lower_seconds", 0.0), **kernel.phases}
+        return kernel
 
 
 BACKENDS = {"numba": NumbaBackend(), "llvm": LLVMBackend()}

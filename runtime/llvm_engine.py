@@ -225,48 +225,6 @@ def _link(obj, folder) -> bytes:
         return f.read()
 
 
-class LazyKernel:
-    """An llvm kernel compiled at its first call, as numba's are: a trace's kernels
-    compile when it first runs compiled (its specialization's second call), so a length
-    traced once before its loops became symbolic (compiler.lowering.llvm_sym) costs no
-    LLVM compile. Anything but a call or `compiled` compiles it and reads the kernel."""
-
-    def __init__(self, program, key, phases=None):
-        self.program, self.source = program, program.source
-        self.compiled, self.compile_seconds = False, 0.0
-        self.filename = f"<hybridnet-llvm-{program_digest(program)}>"
-        self.fn = self.__call__
-        self._key, self._phases = key, dict(phases or {})
-        self._kernel, self._lock = None, threading.Lock()
-
-    def kernel(self) -> LLVMKernel:
-        """The compiled kernel (compiled now, once)."""
-        with self._lock:
-            if self._kernel is None:
-                kernel = compile_llvm(self.program, self._key)
-                kernel.phases = {**self._phases, **kernel.phases}
-                kernel.compile_seconds = sum(kernel.phases.values())
-                self._kernel, self.fn = kernel, kernel.fn
-                self.compile_seconds, self.compiled = kernel.compile_seconds, True
-            return self._kernel
-
-    def __call__(self, *arrays):
-        return self.kernel()(*arrays)
-
-    @property
-    def from_disk(self) -> bool:
-        """Loaded from the disk cache (False before the first call)."""
-        return self._kernel is not None and self._kernel.from_disk
-
-    def __getattr__(self, name):
-        if name.startswith("__") or name in ("_kernel", "_lock", "_key", "_phases"):
-            raise AttributeError(name)
-        return getattr(self.kernel(), name)
-
-    def __repr__(self) -> str:
-        return f"<LazyKernel {self.filename} compiled={self.compiled}>"
-
-
 def compile_symbolic(program) -> LLVMKernel:
     """A kernel for every length (compiler.lowering.llvm_sym), from the disk cache when an
     earlier process compiled the same program (its record must equal this program's),

@@ -336,26 +336,29 @@ class SymKernel(LLVMKernel):
     def __call__(self, *arrays):
         return self._checked(*arrays)
 
-    def length(self, arrays) -> int:
-        """The length n of this call (a ValueError "hn-loop..." when there is none)."""
+    def length(self, arrays) -> tuple:
+        """(n, layout at n) of this call (a ValueError "hn-loop..." when there is none)."""
         p = self.program
         i, d, size = p.sym
-        if len(arrays) != len(self._inputs) or arrays[i].ndim <= d:
+        if len(arrays) != len(self._inputs):
             raise TypeError(f"compiled kernel {self.filename}: {len(arrays)} inputs, "
                             f"expected {len(self._inputs)}")
+        if np.ndim(arrays[i]) <= d:
+            raise ValueError(f"compiled kernel {self.filename}: input {i} has "
+                             f"{np.ndim(arrays[i])} dims, its length is dim {d}")
         n, rest = divmod(arrays[i].shape[d] - size.b, size.a)
         if rest or n < p.min_n or (p.max_n is not None and n > p.max_n):
             raise ValueError(f"hn-loop: size {arrays[i].shape[d]} of input {i} gives no "
                              f"length this kernel serves (n >= {p.min_n})")
-        if n not in self._layouts:
+        layout = self._layouts.get(n)
+        if layout is None:
             if len(self._layouts) > 64:
-                self._layouts.clear()
-            self._layouts[n] = evaluate_layout(p, n)
-        return n
+                self._layouts = {}
+            layout = self._layouts[n] = evaluate_layout(p, n)
+        return n, layout
 
     def _checked(self, *arrays):
-        n = self.length(arrays)
-        ins, outs_at, offsets, arena_bytes = self._layouts[n]
+        n, (ins, outs_at, offsets, arena_bytes) = self.length(arrays)
         ptrs, keep = [], []
         for k, (a, (shape, dtype)) in enumerate(zip(arrays, ins)):
             if a.dtype != dtype:

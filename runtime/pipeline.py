@@ -6,6 +6,7 @@ reuses its size-generic kernel (numba) without compiling again, and two graphs t
 to the same code share one kernel.
 """
 
+import threading
 import time
 
 import numpy as np
@@ -46,15 +47,19 @@ def aliased_results(outputs, fresh, owned=(), saved_from=None) -> list:
 
 
 def compile_graph(optimized, dynamic, n_results, guards, writebacks, fresh, owned=(),
-                  saved_from=None, backend="numba"):
+                  saved_from=None, backend="numba", lazy=False):
     """Check, lower and compile one optimized graph with `backend` (or reuse a kernel of
     the same structure): (Executable, kernel, program, reused, fallback). A graph the llvm
-    backend cannot take is compiled by numba; `fallback` then says why (else None)."""
+    backend cannot take is compiled by numba; `fallback` then says why (else None).
+    `lazy` (an exact-shape backend): lowered too at the first call (DeferredKernel)."""
     chosen = get_backend(backend)
     fallback = None
     try:
         chosen.check(optimized, dynamic)
-        kernel, program, reused = _kernel_for(chosen, optimized, dynamic)
+        if lazy and chosen.exact_shapes:
+            kernel, program, reused = _deferred(chosen, optimized)
+        else:
+            kernel, program, reused = _kernel_for(chosen, optimized, dynamic)
     except Exception as exc:  # noqa: BLE001  (any failure of another backend: numba runs it)
         if chosen.name == "numba":
             raise
@@ -101,6 +106,81 @@ def _kernel_for(backend, optimized, dynamic):
     if not backend.exact_shapes:
         _KERNELS.setdefault(generic_key, (kernel, program))
     return kernel, program, reused
+
+
+def _deferred(backend, optimized):
+    """(kernel, program, reused): from the disk cache, else a DeferredKernel."""
+    loaded = backend.load(optimized) if hasattr(backend, "load") else None
+    if loaded is not None:
+        return loaded[0], loaded[1], False
+    kernel = DeferredKernel(optimized, backend)
+    return kernel, kernel.program, False
+
+
+class _Pending:
+    """The program of a DeferredKernel: what an Executable asks before the first call
+    (single_output, may_exit) without lowering; anything else lowers the graph."""
+
+    def __init__(self, kernel, graph):
+        self._kernel = kernel
+        self.single_output, self.may_exit = len(graph.outputs) == 1, False
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._kernel.kernel().program, name)
+
+
+class DeferredKernel:
+    """A kernel lowered and compiled at its first call (or when anything but a call asks
+    for it): the exact kernel of a loop's length traced before the length became
+    symbolic (runtime.pipeline.symbolic_kernel) costs nothing if that length never runs
+    again. A graph the backend then fails to lower is compiled by numba (`fallback`)."""
+
+    def __init__(self, graph, backend):
+        self.program = _Pending(self, graph)
+        self.compile_seconds, self.fallback, self.fn = 0.0, None, self.__call__
+        self._graph, self._backend, self._kernel = graph, backend, None
+        self._lock = threading.Lock()
+
+    @property
+    def compiled(self) -> bool:
+        return self._kernel is not None and self._kernel.compiled
+
+    def kernel(self):
+        """The backend's kernel (lowered and compiled now, once; numba's compiles at its
+        own first call)."""
+        with self._lock:
+            if self._kernel is None:
+                start = time.perf_counter()
+                try:
+                    kernel = self._backend.compile(self._backend.lower(self._graph))
+                except Exception as exc:  # noqa: BLE001  (as compile_graph: numba runs it)
+                    what = str(exc) if isinstance(exc, LoweringError) else \
+                        f"failed ({type(exc).__name__}: {str(exc)[:200]})"
+                    self.fallback = (f"{self._backend.name} backend: {what}; compiled by the "
+                                     "numba backend instead")
+                    numba = get_backend("numba")
+                    numba.check(self._graph, False)
+                    kernel = numba.compile(numba.lower(self._graph))
+                self._seconds = time.perf_counter() - start
+                self._kernel = kernel
+            return self._kernel
+
+    def __call__(self, *arrays):
+        kernel = self.kernel()
+        out = kernel(*arrays)
+        if kernel.compiled and self.fn != kernel.fn:
+            self.fn = kernel.fn
+            self.compile_seconds = self._seconds + (0.0 if self._backend.exact_shapes and
+                                                    self.fallback is None
+                                                    else kernel.compile_seconds)
+        return out
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.kernel(), name)
 
 
 def symbolic_kernel(graphs, ns):

@@ -111,7 +111,9 @@ def _symbolic(traced):
 
 
 @pytest.mark.parametrize("cls", [nn.RNNCell, nn.GRUCell, nn.LSTMCell])
-def test_one_llvm_kernel_serves_lengths_1_to_100(cls):
+def test_one_llvm_kernel_serves_lengths_up_to_100(cls):
+    """Every call from 1 to 100 steps equals eager; one kernel (forward and backward)
+    serves all but the shortest, which run eagerly (the backward's loop peels steps)."""
     hn.manual_seed(7)
     cell = cls(4, 5)
     lstm = cls is nn.LSTMCell
@@ -182,9 +184,10 @@ def _steps_loss(cell, scale):
     return loss
 
 
-def test_a_mean_over_every_step_is_one_llvm_kernel():
-    """The mean's count (3 * 5 * n) is a float literal of the IR: a whole number affine in
-    the length, computed from n."""
+def test_a_mean_over_every_step_keeps_eagers_answer():
+    """The mean's count (3 * 5 * n) is a constant the trace computed from the length: no
+    kernel for every length computes it (each length its own specialization), and every
+    call gives eager's answer."""
     hn.manual_seed(1)
     cell = nn.RNNCell(4, 5)
     traced = hn.trace(_steps_loss(cell, lambda n: 1.0))
@@ -192,9 +195,9 @@ def test_a_mean_over_every_step_is_one_llvm_kernel():
     for steps in (12, 15, 19, 26, 12, 3, 40):
         xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
         same_loss_and_grads(traced, cell, xs)
-    assert _symbolic(traced).backend == "llvm"
-    assert "sitofp" in _symbolic(traced).kernel.source
-    assert not any(e["kind"] == "backend_fallback" for e in traced.stats.events)
+    assert not any(e.symbolic for e in traced.specializations.values())
+    fallbacks = [e["detail"] for e in traced.stats.events if e["kind"] == "backend_fallback"]
+    assert fallbacks and "differs between lengths" in fallbacks[0], fallbacks
 
 
 def test_a_float_that_is_no_count_goes_to_numba_with_the_reason():
@@ -313,3 +316,97 @@ def test_a_new_process_loads_the_kernel_for_every_length_from_disk(tmp_path):
     assert (fw, bw) == (0, 0) and "llvm_optimize" in phases and err < 1e-5
     fw, bw, phases, err = child()
     assert (fw, bw) == (1, 1) and "llvm_optimize" not in phases and err < 1e-5, phases
+
+
+def test_a_loop_trace_is_lowered_at_its_first_run_and_falls_back_then():
+    """A trace with loops is lowered when it first runs compiled (DeferredKernel); a graph
+    llvm fails to lower then (an embedding lookup inside the loop body) is compiled by
+    numba, with the reason, and gives eager's answer."""
+    from runtime.pipeline import DeferredKernel
+    hn.manual_seed(0)
+    emb = nn.Embedding(7, 5)
+
+    def f(tokens):
+        h = hn.zeros(3, 5)
+        for t in range(tokens.shape[0]):
+            h = hn.tanh(emb(tokens[t]) + h)
+        return h
+    traced = hn.trace(f)
+    tokens = hn.tensor(np.random.default_rng(0).integers(0, 7, (9, 3)))
+    with hn.no_grad():
+        traced(tokens)
+        (entry,) = traced.specializations.values()
+        kernel = entry.traces[0].result.kernel
+        assert isinstance(kernel, DeferredKernel) and not kernel.compiled
+        for _ in range(2):
+            np.testing.assert_allclose(traced(tokens).numpy(), f(tokens).numpy(), rtol=1e-5)
+    assert kernel.compiled and "inside a loop body" in kernel.fallback, kernel.fallback
+    assert traced.stats.compiled_calls == 2
+    assert any(e["kind"] == "backend_fallback" for e in traced.stats.events)
+    report = str(hn.explain(traced, tokens))
+    assert "loop" in report and "inside a loop body" in report
+
+
+# ---- regressions from the adversarial review ----------------------------------------------
+
+
+def _compare_over(f, lengths, seed=0):
+    traced = hn.trace(f)
+    rng = np.random.default_rng(seed)
+    with hn.no_grad():
+        for steps in lengths:
+            xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
+            np.testing.assert_allclose(traced(xs).numpy(), f(xs).numpy(), rtol=1e-5,
+                                       atol=1e-5, err_msg=f"{steps} steps")
+    return traced
+
+
+def _stacked(cell, tail):
+    def f(xs):
+        h, outs = hn.zeros(3, 5), []
+        for t in range(xs.shape[0]):
+            h = cell(xs[t], h)
+            outs.append(h)
+        return tail(h, outs, xs.shape[0])
+    return f
+
+
+@pytest.mark.parametrize("name, tail", [
+    ("float(n)", lambda h, outs, n: h * float(n)),
+    ("n - 7", lambda h, outs, n: h * float(n - 7)),
+    ("zeros(n)", lambda h, outs, n: h + hn.ones(n, 1, 1).sum(0)),
+    ("stack[::4]", lambda h, outs, n: hn.stack(outs)[::4].sum(0)),
+    ("stack[:20]", lambda h, outs, n: hn.stack(outs)[:20].sum(0)),
+    ("stack[-20:]", lambda h, outs, n: hn.stack(outs)[-20:].sum(0)),
+])
+def test_values_and_slices_computed_from_the_length_stay_eagers(name, tail):
+    """Python arithmetic on the length (a constant of the trace: `float(n - 7)` was fitted
+    as an affine literal in review, silently wrong at other lengths), a strided slice
+    along it, slices clamped at the traced lengths: none becomes one kernel's affine size.
+    (What Python alone decides from the length and that is the same at every traced
+    length, `n % 7` at 13, 20 and 27, or `outs[:20]` of a list with fewer items, cannot
+    be told from a constant: docs/jit.md, Loops.)"""
+    hn.manual_seed(3)
+    cell = nn.RNNCell(4, 5)
+    _compare_over(_stacked(cell, tail), (10, 11, 13, 10, 11, 13, 14, 20, 21, 30, 5, 6, 64))
+
+
+def test_kernels_shared_by_two_functions_keep_their_own_bounds():
+    """Two traced functions share a backward kernel (the same loss); one also slices
+    xs[:9], which raises its least length: the other's calls still run compiled from 5
+    steps on, forward and backward (review: a shared program's bound was changed)."""
+    hn.manual_seed(2)
+    cell = nn.RNNCell(4, 5)
+
+    def a(xs):
+        return F.mse_loss(_over(cell, xs), hn.zeros(3, 5))
+
+    def c(xs):
+        return a(xs) + 0.0 * xs[:9].sum()
+    ta, tc = hn.trace(a), hn.trace(c)
+    rng = np.random.default_rng(2)
+    for steps in (12, 12, 13, 13, 17, 17, 15, 6, 30, 10):
+        xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
+        for traced in (ta, tc):
+            same_loss_and_grads(traced, cell, xs)
+    assert _symbolic(ta).backend == "llvm" and _symbolic(tc).backend == "llvm"

@@ -1,38 +1,45 @@
 """Kernels for symbolic lengths in the llvm backend: one machine-code kernel for every
-length of the loops of a trace (hybridnet.jit.dynamic).
+length of the loops of a trace (hybridnet.jit.dynamic, hybridnet.jit.generalize).
 
-The llvm emitter writes sizes as literals. A trace whose loops were recorded at three
-lengths n1, n2, n3 (the symbolic size: a dim its loops slice) is lowered at each, with
-nothing that decides on a size (no row split across threads; the temporaries whose size
-changes share no bytes and come last in the arena). The three IR texts must then be the
-same but for integer literals, and each literal that differs must be an integer affine
-function of the length through all three points (`a*n + b`: a loop's trip count, a step
-picked from the end, a matrix's row count, a mean's count as a float). That is what
-`parametrize` checks; it makes each such literal a value computed at the top of its
-function from n, which every part
-loads from the buffer table (slot `n_bufs`, after the temporaries). Anything else (a
-float that depends on the length other than as a whole number, a literal in a loop
-body's function, a type's size) raises SymbolicError, and the trace is compiled by
-numba.
+The llvm emitter writes sizes as literals. A function whose loops were traced at three
+lengths n1, n2, n3 of one dim (the symbolic length n) gives three optimized graphs; one
+kernel serves every n when:
 
-Three points, not two: a size that is not affine in the length (`x[::2]` has n // 2
-rows, a clamped slice `x[:10]` is constant only from 10 on) cannot agree with one affine
-function at three lengths, except a clamp whose three samples all lie past its corner;
-those come from slices the kernel checks at run time (`SymProgram.min_n`: below the
-least length every sample had, a call runs eagerly).
+1. The graphs are the same but for sizes (`Bounds.walk`): the same nodes and ops, every
+   attribute equal (`_same_attrs`: a constant the Python code computed from the length,
+   `float(n % 7)` or a mean's count, is not a size, and is refused) except what follows
+   from a size: a slice bound fixed from its dim's start or end with step 1 (`x[1:]`,
+   `x[-3:]`), the one size of a reshape that follows the length (its -1), a loop's trip
+   count. Every node's shape is then one affine function `a*n + b` of the length through
+   all three points (at most one dim of a node follows it). A trace that clamped a slice
+   (`x[:20]` of 10 rows: a decision on a size) never gets here (TraceGraph.clamped).
+2. Lowered at each length with no choice that depends on a size (no row split across
+   threads; the temporaries whose size changes share no bytes and come last in the arena;
+   llvm_loop's carried buffers alternate counted from the last step), the three IR texts
+   are the same but for i64/i32 literals, each an integer affine function of the length
+   through all three points (a loop's trip count, a step picked from the end, a matrix's
+   row count). `parametrize` makes each a value computed at the top of its function from
+   n, which every part loads from the buffer table (slot `n_bufs`, after the
+   temporaries). Anything else (a literal in a loop body's function, a type's size)
+   raises SymbolicError, and numba's size-generic code is tried instead.
+
+Three points, not two: a size that is not affine in the length (`n // 2`, `n * n`)
+cannot agree with one affine function at three lengths. The bounds (`Bounds`: every size
+at least 1, every slice inside its input, every loop with a step, its picked steps inside
+it) give the least length `min_n` (and a largest, where a BLAS size would overflow i32);
+calls outside them run eagerly.
 
 Shapes, temporaries and outputs of the program are `Affine` where they change; the
 runtime (runtime.llvm_kernel.SymKernel) evaluates them for each call's n, which it reads
-from the input `sym` names.
+from the input `sym` names, and checks every input against them.
 """
 
-import math
 import re
-import struct
 from dataclasses import dataclass
 
 from ..errors import LoweringError
 from ..loop import is_loop, traced_trip
+from ..passes.cse import attr_key
 from .llvm_arena import rounded
 from .llvm_program import LLProgram
 
@@ -105,7 +112,7 @@ _TOKEN = re.compile(r'''
 _INT = re.compile(r"-?\d+$")
 _DEFINE = re.compile(r'define [^@]*@("[^"]+"|[-\w.$]+)\(i8\*\* (%"[^"]*"|%[-\w.$]+)')
 _BODY_FN = re.compile(r'_b\d+_')  # (a loop body's functions get another buffer table)
-_TYPES = {"i64": 64, "i32": 32, "float": 0, "double": 0}
+_TYPES = {"i64": 64, "i32": 32}
 
 
 def _tokens(line) -> list:
@@ -113,28 +120,16 @@ def _tokens(line) -> list:
 
 
 def _literals(column, ty):
-    """The integers a column of literal tokens (one per length) stands for: integer
-    literals of i64 or i32, or float literals (`fdiv float %s, 180.0`: a mean's count)
-    whose values are whole numbers; else None."""
-    texts = [text for _, text in column]
+    """The integers a column of integer literals of i64 or i32 (one per length) stands
+    for; else None."""
     if ty in ("i64", "i32") and all(kind == "num" and _INT.match(t) for kind, t in column):
-        return [int(t) for t in texts]
-    if ty not in ("float", "double"):
-        return None
-    try:
-        values = [struct.unpack(">d", bytes.fromhex(t[2:].rjust(16, "0")))[0]
-                  if t.startswith("0x") else float(t) for t in texts]
-    except (ValueError, struct.error):
-        return None
-    if not all(math.isfinite(v) and v == int(v) and abs(v) < 2 ** 24 for v in values):
-        return None
-    return [int(v) for v in values]
+        return [int(t) for _, t in column]
+    return None
 
 
 def _int_type(tokens, j):
-    """The type of the literal at token j: the nearest word before it on its line
-    (`add i64 %x, 5`, `store i32 7, ...`, `fdiv float %s, 180.0`), if that is i64, i32,
-    float or double."""
+    """The integer type of the literal at token j: the nearest word before it on its line
+    (`add i64 %x, 5`, `store i32 7, ...`), if that is i64 or i32."""
     for kind, text in reversed(tokens[:j]):
         if kind == "word":
             return text if text in _TYPES else None
@@ -217,8 +212,6 @@ def _prologue(fn, n_slot) -> list:
         rows.append(f'  {wide} = add i64 {name[:-1]}.m", {b}')
         if ty == "i32":
             rows.append(f"  {name} = trunc i64 {wide} to {ty}")
-        elif ty != "i64":  # (a whole number as a float: exact below 2**24)
-            rows.append(f"  {name} = sitofp i64 {wide} to {ty}")
     return rows
 
 
@@ -325,16 +318,30 @@ class Bounds:
             shape = _fit_shape([tuple(n.shape) for n in nodes], ns, nodes[0].op)
             for size in shape:
                 self.at_least(size, 1)
+            _same_attrs(nodes)
             if nodes[0].op == "slice":
                 self._slice(nodes, ns)
             elif is_loop(nodes[0]):
                 self._loop(nodes, ns)
 
     def _slice(self, nodes, ns):
+        """A slice's bounds: each the same at every length, or the same distance from its
+        dim's end (`x[-3:]`, `x[1:]`), with step 1 along a dim that follows the length
+        (`x[::4]` has ceil(n / 4) rows: no affine function)."""
         src = _fit_shape([tuple(n.inputs[0].shape) for n in nodes], ns, "slice")
         for d, size in enumerate(src):
-            start = _need([n.attrs["index"][d][0] for n in nodes], ns)
-            stop = _need([n.attrs["index"][d][1] for n in nodes], ns)
+            index = [n.attrs["index"][d] for n in nodes]
+            sizes = [n.inputs[0].shape[d] for n in nodes]
+            if len({c for _, _, c in index}) != 1 or \
+                    isinstance(size, Affine) and index[0][2] != 1:
+                raise SymbolicError("a strided slice along a dim that follows the length")
+            for j in (0, 1):
+                bounds = [ix[j] for ix in index]
+                if len(set(bounds)) > 1 and len({n - b for n, b in zip(sizes, bounds)}) > 1:
+                    raise SymbolicError("a slice bound neither fixed nor fixed from the end "
+                                        f"({bounds} of sizes {sizes})")
+            start = _need([ix[0] for ix in index], ns)
+            stop = _need([ix[1] for ix in index], ns)
             self.at_least(start, 0)
             self.at_least(_minus(size, stop), 0)
 
@@ -345,6 +352,28 @@ class Bounds:
             at = _need([n.attrs["spec"].picks[j].at(traced_trip(n)) for n in nodes], ns)
             self.at_least(at, 0)
             self.at_least(_minus(_minus(trip, 1), at), 0)
+
+
+def _same_attrs(nodes):
+    """Attributes are the same at every length, but for what follows from a size: a
+    slice's bounds (Bounds._slice) and a reshape's one size that follows the length (its
+    -1). Anything else that differs, a constant the Python code computed from the length
+    (`float(n % 7)`, a mean's count), is a value the kernel could not compute from n:
+    such traces get a kernel per length, or numba's if its code is the same."""
+    op = nodes[0].op
+    keys = [{k: attr_key(v) for k, v in n.attrs.items()} for n in nodes]
+    for name, first in keys[0].items():
+        values = [k.get(name) for k in keys]
+        if all(v == first for v in values) or op == "slice" and name == "index":
+            continue
+        shapes = [tuple(n.attrs[name]) for n in nodes] if op == "reshape" else ()
+        if name == "shape" and len({len(v) for v in shapes}) == 1 and \
+                sum(len(set(dim)) > 1 for dim in zip(*shapes)) == 1:
+            continue
+        raise SymbolicError(f"{op}: its {name} differs between lengths (a value computed "
+                            "from the length, not a size)")
+    if any(k.keys() != keys[0].keys() for k in keys[1:]):
+        raise SymbolicError(f"{op}: its attributes differ between lengths")
 
 
 def _need(values, ns):

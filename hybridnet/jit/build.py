@@ -95,6 +95,9 @@ class TraceGraph:
     grad_results: list = field(default_factory=list)
     grad_inputs: list = field(default_factory=list)
     blocked: frozenset = frozenset()  # graph nodes recorded without autograd (no_grad)
+    # a slice bound was clamped to its dim while recording (x[:20] of 10 rows): a decision
+    # on a size, so this trace's lengths never become symbolic (hybridnet.jit.generalize)
+    clamped: bool = False
 
 
 class _Builder:
@@ -301,7 +304,8 @@ def _build(recorder, flat_args, arg_nodes, result_leaves, pinned):
                              for k, (t, o) in enumerate(zip(result_leaves, outputs))],
                       grad_results=grad_results,
                       grad_inputs=[i for i, s in enumerate(b.sources) if s.rg]
-                      if grad_results else [], blocked=frozenset(b.blocked))
+                      if grad_results else [], blocked=frozenset(b.blocked),
+                      clamped=getattr(recorder, "clamped", False))
 
 
 def _identity_checks(b) -> list:

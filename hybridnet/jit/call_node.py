@@ -152,6 +152,8 @@ class CallRecord:
                                "dynamic=False")
         if first:
             self.stats.compile_seconds += kernel.compile_seconds
+            if getattr(kernel, "fallback", None):  # (lowered now: runtime.pipeline)
+                self.stats.event("backend_fallback", kernel.fallback)
         self.stats.compiled_backwards += 1
         # an input none of the walked outputs reaches gets no gradient (its .grad stays
         # None, hn.grad calls it unused), as eager's walk never meets it

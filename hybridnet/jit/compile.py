@@ -38,12 +38,14 @@ class CompileResult:
         self.fallback = None  # why the chosen backend passed it to numba, if it did
 
 
-def compile_trace(tg, dynamic, backend="numba") -> CompileResult:
+def compile_trace(tg, dynamic, backend="numba", lazy=False) -> CompileResult:
     """Compile a TraceGraph; raises LoweringError when the backend cannot take it.
 
     A trace whose results carry gradients (`tg.grad_results`) compiles its forward and
     backward together (`compiler.partition.split_gradient`): the forward also returns the
-    values the backward reads, and `CompileResult.backward` runs the backward."""
+    values the backward reads, and `CompileResult.backward` runs the backward. `lazy`:
+    a trace with loops is lowered at its kernels' first call (runtime.pipeline.
+    DeferredKernel), as it may never run (its length generalizes first)."""
     start = time.perf_counter()
     if tg.grad_results:
         # (only the inputs some differentiable result reaches: the others get no .grad)
@@ -57,10 +59,11 @@ def compile_trace(tg, dynamic, backend="numba") -> CompileResult:
         forward = split.forward
     else:
         forward, report = optimize(reroll(tg.graph)[0])
+    lazy = lazy and bool(loop_trips(forward))
     exe, kernel, program, reused, fallback = compile_graph(
         forward, dynamic, tg.n_results, tg.guards, tg.writebacks, tg.fresh,
         [k for _, k, same, _ in tg.grad_writes if k is not None and same is None],
-        len(tg.graph.outputs) if tg.grad_results else None, backend=backend)
+        len(tg.graph.outputs) if tg.grad_results else None, backend=backend, lazy=lazy)
     result = CompileResult(exe, forward, program, kernel, report, reused, 0.0)
     result.backend = "numba" if fallback or backend == "numba" else backend
     result.fallback = fallback
@@ -69,7 +72,7 @@ def compile_trace(tg, dynamic, backend="numba") -> CompileResult:
     if tg.grad_results:
         n = len(split.backward.outputs)
         bexe, bkernel, bprogram, breused, bfallback = compile_graph(
-            split.backward, dynamic, n, (), (), [True] * n, backend=backend)
+            split.backward, dynamic, n, (), (), [True] * n, backend=backend, lazy=lazy)
         result.backward = Backward(split, bexe, bkernel, bprogram, breused,
                                    inputs_read_by_vjps(tg.graph), reach)
         result.backward.fallback = bfallback

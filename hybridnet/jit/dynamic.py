@@ -11,8 +11,10 @@ every later length (also one never seen) runs the same compiled code. `trace(fn,
 dynamic=False)` keeps every length a specialization of its own.
 
 What the evidence cannot see: Python code that branches on a sequence's length other
-than by looping over it (`if len(xs) > 50: ...`) takes the branch the traced lengths
-took. Such functions should pass `dynamic=False`.
+than by looping over it (`if len(xs) > 50: ...`), or computes a value from it that came
+out the same at every traced length, takes that branch and value at every length. Such
+functions should pass `dynamic=False`. (Values that differ between the traced lengths
+keep them exact: runtime.pipeline.symbolic_kernel compares the graphs' attributes.)
 """
 
 
@@ -202,11 +204,11 @@ def symbolic_result(results, tgs, ns):
             [r.backward.split.backward for r in results], ns)
         bwd.executable = _with_kernel(base.backward.executable, bwd.kernel)
         bwd.reused, bwd.fallback = False, None
-        # (the forward checks the lengths both serve: a backward never refuses its call)
-        fp, bp = res.program, bwd.program
-        fp.min_n = bp.min_n = max(fp.min_n, bp.min_n)
-        tops = [m for m in (fp.max_n, bp.max_n) if m is not None]
-        fp.max_n = bp.max_n = min(tops) if tops else None
+    # (the lengths every kernel serves, checked before the forward runs, so that a
+    # backward never refuses its call; the programs are shared: not changed here)
+    programs = [res.program] + ([res.backward.program] if base.backward is not None else [])
+    tops = [p.max_n for p in programs if p.max_n is not None]
+    res.lengths = (max(p.min_n for p in programs), min(tops) if tops else None)
     return res
 
 

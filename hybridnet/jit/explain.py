@@ -101,26 +101,34 @@ def _trace_dict(tr) -> dict:
     guards += [f"read: {check.text}" for check in tr.tg.checks]
     guards += [f"runtime input: {_source_text(src)}" for src in tr.tg.sources
                if src.kind in ("hyper", "grad")]
+    backend, fallback = _backend(res)
     return {
         "graph": str(tr.tg.graph), "optimized": str(res.optimized), "guards": guards,
         "passes": [{k: p[k] for k in ("name", "seconds", "changed")} for p in res.pass_report],
         "kernels": describe_units(res.program.units), "source": res.kernel.source,
-        "compile_seconds": res.seconds + (0.0 if res.backend == "llvm" else
+        "compile_seconds": res.seconds + (0.0 if backend == "llvm" else
                                           res.kernel.compile_seconds),
-        "reused": res.reused, "backend": res.backend, "backend_fallback": res.fallback,
-        "phases": _phases(res),
+        "reused": res.reused, "backend": backend, "backend_fallback": fallback,
+        "phases": _phases(res, backend),
         "writebacks": len(tr.tg.writebacks), "backward": _backward_dict(res.backward),
         "loops": describe_loops(res.optimized),
     }
 
 
-def _phases(res) -> dict:
+def _backend(res) -> tuple:
+    """(backend, why another backend compiled it): a kernel lowered at its first call
+    (runtime.pipeline.DeferredKernel) may have gone to numba then."""
+    late = getattr(res.kernel, "fallback", None)
+    return ("numba", late) if late else (res.backend, res.fallback)
+
+
+def _phases(res, backend) -> dict:
     """Seconds per compile phase: the graph passes, then the backend's own (llvm: lower,
     llvm_parse, llvm_optimize, machine_code, load; or load alone from the disk cache)."""
     phases = {"optimize": sum(p["seconds"] for p in res.pass_report)}
     if res.reused:
         phases["kernel reused"] = 0.0
-    elif res.backend == "llvm":
+    elif backend == "llvm":
         phases.update(res.kernel.phases)
     else:
         phases["numba compile" + (" (disk cache)" if getattr(res.kernel, "from_disk", False)

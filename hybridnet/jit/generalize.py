@@ -38,12 +38,13 @@ class Generalizing:
         loops iterate over, when both run the same code: those sizes become symbolic
         (see dynamic.py). Traces compiled for exact shapes (llvm) are merged once
         EXACT_LENGTHS other lengths were seen, after compiling both size-generic."""
-        if len(entry.traces) != 1:
+        if len(entry.traces) != 1 or entry.traces[0].tg.clamped:
             return
         mine = entry.traces[0]
         pairs = []
         for other in list(self.specializations.values()):
-            if other is entry or len(other.traces) != 1 or other.fallback is not None:
+            if other is entry or len(other.traces) != 1 or other.fallback is not None or \
+                    other.traces[0].tg.clamped:
                 continue
             dims = differing_dims(other.key, entry.key)
             theirs = other.traces[0]
@@ -107,9 +108,11 @@ class Generalizing:
         theirs = other.traces[0] = Trace(traces[0].tg, res, self.stats)
         self._forget_exact(other, pairs)
         self._adopt(entry, other, dims, theirs, args, kwargs)
-        # (below the least length the kernels serve, a call runs eagerly before any runs)
-        theirs.min_sizes = tuple((i, d, max(m, res.program.min_n) if (i, d) == (i0, d0)
-                                  else m) for i, d, m in theirs.min_sizes)
+        # (outside the lengths the kernels serve, a call runs eagerly before any runs)
+        least, most = res.lengths
+        theirs.min_sizes = tuple((i, d, max(m, least) if (i, d) == (i0, d0) else m)
+                                 for i, d, m in theirs.min_sizes)
+        theirs.max_sizes = () if most is None else ((i0, d0, most),)
         return True
 
     def _adopt(self, entry, other, dims, theirs, args, kwargs):

@@ -30,6 +30,7 @@ class Trace:
         self.stats = stats
         self._targets = frozenset(t for _, t in tg.writebacks)
         self.min_sizes = ()  # (flat index, dim, least size) once its lengths are symbolic
+        self.max_sizes = ()  # (flat index, dim, largest size) its kernels serve
         self._simple = all(s.kind == "arg" for s in tg.sources) and not tg.checks
         self._arg_index = [s.index for s in tg.sources]
         self._single = tg.result_spec == ("T",) and tg.outputs == [("out", 0)] and \
@@ -97,6 +98,12 @@ class Trace:
                     "error", "ValueError", f"hn-loop: size {flat[i]._data.shape[d]} of "
                     f"tensor argument {i} is below the {least} its loops need")
                 return SIDE_EXIT
+        for i, d, most in self.max_sizes:
+            if flat[i]._data.shape[d] > most:
+                self.result.executable.last_exit = (
+                    "error", "ValueError", f"hn-loop: size {flat[i]._data.shape[d]} of "
+                    f"tensor argument {i} is above the {most} its kernels serve")
+                return SIDE_EXIT
         arrays = self.gather(flat)
         if arrays is None:
             return STALE
@@ -116,6 +123,8 @@ class Trace:
                            f"({type(exc).__name__}: {first_line[:200]})")
         if first:
             self.stats.compile_seconds += kernel.compile_seconds + self.result.seconds
+            if getattr(kernel, "fallback", None):  # (lowered now: runtime.pipeline)
+                self.stats.event("backend_fallback", kernel.fallback)
         if outs is SIDE_EXIT:
             return SIDE_EXIT
         self.stats.compiled_calls += 1

@@ -279,7 +279,8 @@ class TracedFunction(Generalizing):
             # (dynamic=None with an exact-shape backend: loops compile for their traced
             # trip count until EXACT_LENGTHS lengths were seen, see _generalize)
             exact = self.dynamic is None and get_backend(self.backend).exact_shapes
-            res = compile_trace(tg, False if exact else self.dynamic, self.backend)
+            res = compile_trace(tg, False if exact else self.dynamic, self.backend,
+                                lazy=exact)
         except LoweringError as exc:
             entry.fallback = str(exc)
             self._hot = [e for e in self._hot if e is not entry]
