@@ -410,3 +410,17 @@ def test_kernels_shared_by_two_functions_keep_their_own_bounds():
         for traced in (ta, tc):
             same_loss_and_grads(traced, cell, xs)
     assert _symbolic(ta).backend == "llvm" and _symbolic(tc).backend == "llvm"
+
+
+def test_explain_says_how_the_kernel_finds_its_length():
+    hn.manual_seed(5)
+    cell = nn.GRUCell(4, 5)
+    traced = hn.trace(lambda xs: _over(cell, xs))
+    rng = np.random.default_rng(5)
+    with hn.no_grad():
+        for steps in (9, 12, 16, 16):
+            xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
+            traced(xs)
+        report = str(hn.explain(traced, xs))
+    assert "one llvm kernel for every length n" in report, report
+    assert "traces at n = [9, 12, 16]" in report

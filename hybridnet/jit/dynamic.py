@@ -209,6 +209,7 @@ def symbolic_result(results, tgs, ns):
     programs = [res.program] + ([res.backward.program] if base.backward is not None else [])
     tops = [p.max_n for p in programs if p.max_n is not None]
     res.lengths = (max(p.min_n for p in programs), min(tops) if tops else None)
+    res.traced_at = sorted(ns)
     return res
 
 

@@ -53,6 +53,8 @@ def _trace_lines(j, tr):
         f"{k} {v * 1e3:.1f}ms" for k, v in tr["phases"].items()))
     if tr["backend_fallback"]:
         lines.append(f"     backend fallback: {tr['backend_fallback']}")
+    if tr["symbolic"]:
+        lines.append(f"     {tr['symbolic']}")
     for g in tr["guards"]:
         lines.append(f"     guard: {g}")
     lines.append("     captured graph:")
@@ -110,9 +112,23 @@ def _trace_dict(tr) -> dict:
                                           res.kernel.compile_seconds),
         "reused": res.reused, "backend": backend, "backend_fallback": fallback,
         "phases": _phases(res, backend),
+        "symbolic": _symbolic(res),
         "writebacks": len(tr.tg.writebacks), "backward": _backward_dict(res.backward),
         "loops": describe_loops(res.optimized),
     }
+
+
+def _symbolic(res) -> str:
+    """How a kernel for every length (compiler.lowering.llvm_sym) finds its length."""
+    program = res.program if getattr(res.kernel, "compiled", False) else None
+    sym = getattr(program, "sym", None)
+    if sym is None:
+        return ""
+    i, d, size = sym
+    least, most = getattr(res, "lengths", (program.min_n, program.max_n))
+    return (f"one llvm kernel for every length n: kernel input {i}'s dim {d} is {size!r}; "
+            f"it serves n >= {least}" + ("" if most is None else f" and n <= {most}") +
+            f"; made from traces at n = {getattr(res, 'traced_at', '?')}")
 
 
 def _backend(res) -> tuple:
