@@ -35,9 +35,10 @@ class TraceHooks:
     def note_grad(self, t, value, write: bool) -> None:
         """`t.grad` was read (or, with `write`, assigned) as `value`."""
 
-    def note_clamp(self) -> None:
-        """A slice bound lay outside its dim and was clamped (`x[:20]` of 10 rows): the
-        trace holds a decision on that size, so its lengths never become symbolic."""
+    def note_clamp(self, size: int) -> None:
+        """A view's bounds were decided from a dim of `size` (a slice bound outside it
+        clamped, `x[:20]` of 10 rows; split or chunk pieces): traces whose such sizes
+        differ never share one specialization of symbolic lengths."""
 
 
 class _State:
@@ -64,3 +65,11 @@ def note_value(t, kind: str, value) -> None:
     tracer = STATE.tracer
     if tracer is not None:
         tracer.guard(t, kind, value)
+
+
+def note_clamp(size: int) -> None:
+    """Record that a view's bounds were decided from a dim of `size` (TraceHooks.
+    note_clamp), if a trace is being recorded."""
+    tracer = STATE.tracer
+    if tracer is not None:
+        tracer.note_clamp(size)

@@ -48,15 +48,15 @@ class TraceRecorder(Recorder, TraceHooks):
         self.optimizers = {}  # id -> optimizer whose step ran (guarded by its version)
         self.versions = None  # (module structure, optimizer writes) counters at entry
         self._outer = None  # the tracer this one hides while it runs
-        self.clamped = False  # a slice bound was clamped to its dim (note_clamp)
+        self.clamps = set()  # sizes of dims a view's bounds were decided from (note_clamp)
 
     # -- hooks called from the tensor layer -------------------------------------------
 
     def note_created(self, t):
         self.created[id(t)] = t
 
-    def note_clamp(self):
-        self.clamped = True
+    def note_clamp(self, size):
+        self.clamps.add(int(size))
 
     def note_literal(self, t):
         self.created[id(t)] = t

@@ -10,7 +10,7 @@ import numpy as np
 
 from compiler.errors import ShapeError
 
-from ._state import STATE, TraceHooks, note_untraceable
+from ._state import STATE, TraceHooks, note_clamp, note_untraceable
 from .dispatch import apply
 from .shape import _view, permute
 from .tensor import Tensor, literal, version_counter, wrap
@@ -89,7 +89,7 @@ def _parse(t, index):
             if step <= 0:
                 raise ValueError("step must be greater than zero")
             if STATE.tracer is not None and _clamped(item, t.shape[dim]):
-                STATE.tracer.note_clamp()
+                note_clamp(t.shape[dim])
             stop = max(stop, start)
             spec.append((start, stop, step))
             shape.append(len(range(start, stop, step)))

@@ -6,7 +6,7 @@ import numpy as np
 
 from compiler.errors import ShapeError
 
-from ._state import STATE
+from ._state import STATE, note_clamp
 from .dispatch import apply, cast, promote
 from .dtypes import to_np
 from .tensor import Tensor, make, share_version, version_counter
@@ -176,6 +176,8 @@ def split(input, split_size_or_sections, dim=0):
         if step <= 0:
             raise ValueError(f"split: split_size must be positive, got {step}")
         sizes = [builtins.min(step, size - i) for i in range(0, size, step)] or [0]
+        if size % step:  # (the last piece cut short: decided from the size)
+            note_clamp(size)
     else:
         sizes = list(split_size_or_sections)
         if builtins.sum(sizes) != size:
@@ -196,6 +198,8 @@ def chunk(input, chunks, dim=0):
         raise ShapeError("chunk: expected a tensor with at least 1 dim, got a 0-d tensor")
     size = input.shape[_dim("chunk", input, dim)]
     step = -(-size // chunks) if size else 1
+    if chunks > 1:  # (the pieces' size is decided from the dim's)
+        note_clamp(size)
     return split(input, step, dim)
 
 

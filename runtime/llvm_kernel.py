@@ -261,28 +261,34 @@ class LLVMKernel:
         if len(arrays) != len(self._inputs):
             raise TypeError(f"compiled kernel {self.filename}: {len(arrays)} inputs, "
                             f"expected {len(self._inputs)}")
-        ptrs = []
-        keep = []
         for a, (shape, dtype) in zip(arrays, self._inputs):
             if a.shape != shape or a.dtype != dtype:
                 raise ValueError(f"compiled kernel {self.filename}: input {dtype}"
                                  f"{list(shape)} got {a.dtype}{list(a.shape)}")
+        return self._run(arrays, self._alloc, self._temp_offsets, self._arena)
+
+    def _run(self, arrays, alloc, offsets, arena_bytes, extra=()):
+        """Gather the buffer table in Python (inputs made C-contiguous and aligned, the
+        constants, new outputs as `alloc` says, the temporaries at `offsets` of one arena
+        of `arena_bytes`, then the words `extra`) and run the kernel on it."""
+        ptrs, keep = [], []
+        for a in arrays:
             if not (a.flags.c_contiguous and a.flags.aligned):
                 a = np.require(a, requirements="CA")
                 keep.append(a)
             ptrs.append(a.__array_interface__["data"][0])
         ptrs += self._consts
-        outs = _outputs(self._alloc)
+        outs = _outputs(alloc)
         ptrs += [o.__array_interface__["data"][0] for o in outs]
-        if self._temp_offsets:
-            arena = np.empty(self._arena, np.uint8)
+        if offsets:
+            arena = np.empty(arena_bytes, np.uint8)
             base = arena.__array_interface__["data"][0]
             base += -base % ALIGN
-            ptrs += [base + off for off in self._temp_offsets]
+            ptrs += [base + off for off in offsets]
         if self._status >= 0:  # (a byte the kernel sets when an index is out of range)
             status = np.zeros(1, np.uint8)
             ptrs[self._first_temp + self._status] = status.__array_interface__["data"][0]
-        table = np.array(ptrs, dtype=np.uintp)
+        table = np.array(ptrs + list(extra), dtype=np.uintp)
         if self.program.uses_blas:
             blas.kernel_threads(self._large)
         address = table.__array_interface__["data"][0]
@@ -359,7 +365,6 @@ class SymKernel(LLVMKernel):
 
     def _checked(self, *arrays):
         n, (ins, outs_at, offsets, arena_bytes) = self.length(arrays)
-        ptrs, keep = [], []
         for k, (a, (shape, dtype)) in enumerate(zip(arrays, ins)):
             if a.dtype != dtype:
                 raise ValueError(f"compiled kernel {self.filename}: input {k} {dtype}"
@@ -367,28 +372,9 @@ class SymKernel(LLVMKernel):
             if a.shape != shape:
                 raise ValueError(f"hn-loop: input {k} is {list(a.shape)}, length {n} needs "
                                  f"{list(shape)}")
-            if not (a.flags.c_contiguous and a.flags.aligned):
-                a = np.require(a, requirements="CA")
-                keep.append(a)
-            ptrs.append(a.__array_interface__["data"][0])
-        ptrs += self._consts
-        outs = _outputs([(s, d) if j == same else same for j, ((s, d), same)
-                         in enumerate(zip(outs_at, self._same))])
-        ptrs += [o.__array_interface__["data"][0] for o in outs]
-        arena = np.empty(arena_bytes + ALIGN, np.uint8)
-        base = arena.__array_interface__["data"][0]
-        base += -base % ALIGN
-        ptrs += [base + off for off in offsets]
-        if self._status >= 0:
-            status = np.zeros(1, np.uint8)
-            ptrs[self._first_temp + self._status] = status.__array_interface__["data"][0]
-        table = np.array(ptrs + [n], dtype=np.uintp)
-        if self.program.uses_blas:
-            blas.kernel_threads(self._large)
-        self._entry(table.__array_interface__["data"][0], self._fns_address, 0, 0)
-        if self._status >= 0 and status[0]:
-            raise self._index_error()
-        return outs[0] if self.program.single_output else tuple(outs)
+        alloc = [(s, d) if j == same else same
+                 for j, ((s, d), same) in enumerate(zip(outs_at, self._same))]
+        return self._run(arrays, alloc, offsets, arena_bytes + ALIGN, extra=(n,))
 
 
 def kernel_class(program):

@@ -137,6 +137,8 @@ class DeferredKernel:
     symbolic (runtime.pipeline.symbolic_kernel) costs nothing if that length never runs
     again. A graph the backend then fails to lower is compiled by numba (`fallback`)."""
 
+    deferred = True  # (the JIT counts its compile when it happens)
+
     def __init__(self, graph, backend):
         self.program = _Pending(self, graph)
         self.compile_seconds, self.fallback, self.fn = 0.0, None, self.__call__

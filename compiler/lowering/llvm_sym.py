@@ -11,8 +11,9 @@ kernel serves every n when:
    from a size: a slice bound fixed from its dim's start or end with step 1 (`x[1:]`,
    `x[-3:]`), the one size of a reshape that follows the length (its -1), a loop's trip
    count. Every node's shape is then one affine function `a*n + b` of the length through
-   all three points (at most one dim of a node follows it). A trace that clamped a slice
-   (`x[:20]` of 10 rows: a decision on a size) never gets here (TraceGraph.clamped).
+   all three points (at most one dim of a node follows it). Traces whose views Python
+   bounded from sizes that differ between them (a clamped slice, `x[:20]` of 10 and 11
+   rows; split and chunk pieces) never get here (TraceGraph.clamps).
 2. Lowered at each length with no choice that depends on a size (no row split across
    threads; the temporaries whose size changes share no bytes and come last in the arena;
    llvm_loop's carried buffers alternate counted from the last step), the three IR texts

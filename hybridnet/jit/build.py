@@ -95,9 +95,10 @@ class TraceGraph:
     grad_results: list = field(default_factory=list)
     grad_inputs: list = field(default_factory=list)
     blocked: frozenset = frozenset()  # graph nodes recorded without autograd (no_grad)
-    # a slice bound was clamped to its dim while recording (x[:20] of 10 rows): a decision
-    # on a size, so this trace's lengths never become symbolic (hybridnet.jit.generalize)
-    clamped: bool = False
+    # sizes of the dims a view's bounds were decided from while recording (a clamped slice
+    # bound, x[:20] of 10 rows; split and chunk pieces): traces whose clamps differ never
+    # merge into one specialization of symbolic lengths (hybridnet.jit.generalize)
+    clamps: frozenset = frozenset()
 
 
 class _Builder:
@@ -305,7 +306,7 @@ def _build(recorder, flat_args, arg_nodes, result_leaves, pinned):
                       grad_results=grad_results,
                       grad_inputs=[i for i, s in enumerate(b.sources) if s.rg]
                       if grad_results else [], blocked=frozenset(b.blocked),
-                      clamped=getattr(recorder, "clamped", False))
+                      clamps=frozenset(getattr(recorder, "clamps", ())))
 
 
 def _identity_checks(b) -> list:

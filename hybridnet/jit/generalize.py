@@ -38,13 +38,15 @@ class Generalizing:
         loops iterate over, when both run the same code: those sizes become symbolic
         (see dynamic.py). Traces compiled for exact shapes (llvm) are merged once
         EXACT_LENGTHS other lengths were seen, after compiling both size-generic."""
-        if len(entry.traces) != 1 or entry.traces[0].tg.clamped:
+        if len(entry.traces) != 1:
             return
         mine = entry.traces[0]
         pairs = []
         for other in list(self.specializations.values()):
+            # (a view whose bounds Python decided from a size that differs between the
+            # lengths, x[:20] traced at 10 and 11 rows: the kernel could not decide it)
             if other is entry or len(other.traces) != 1 or other.fallback is not None or \
-                    other.traces[0].tg.clamped:
+                    other.traces[0].tg.clamps != mine.tg.clamps:
                 continue
             dims = differing_dims(other.key, entry.key)
             theirs = other.traces[0]
@@ -61,13 +63,20 @@ class Generalizing:
                 return
             if self._merge_symbolic(entry, mine, pairs, args, kwargs):
                 return
-            mine = self._generic(mine)
+            exact_mine, mine = True, self._generic(mine)
             if mine is None:
                 return
-        for other, dims in pairs:
-            theirs = self._generic(other.traces[0])
-            if theirs is None or not same_code(theirs, mine):
-                continue
+        else:
+            exact_mine = False
+        matches = [(other, dims, theirs) for other, dims in pairs
+                   for theirs in [self._generic(other.traces[0])]
+                   if theirs is not None and same_code(theirs, mine)]
+        # (from exact traces, as three points with llvm: two other lengths with the same
+        # code, so that a value Python computed from the length, n // 2 the same at 20 and
+        # 21, is less likely to pass for a constant)
+        if len(matches) < (2 if exact_mine and len(pairs) >= 2 else 1):
+            return
+        for other, dims, theirs in matches[:1]:
             if theirs is not other.traces[0]:
                 other.traces[0] = theirs
                 theirs.result.reused = False  # (its kernel compiles at its first run)

@@ -123,6 +123,7 @@ class Trace:
                            f"({type(exc).__name__}: {first_line[:200]})")
         if first:
             self.stats.compile_seconds += kernel.compile_seconds + self.result.seconds
+            self.stats.compiles += bool(getattr(kernel, "deferred", False))
             if getattr(kernel, "fallback", None):  # (lowered now: runtime.pipeline)
                 self.stats.event("backend_fallback", kernel.fallback)
         if outs is SIDE_EXIT:

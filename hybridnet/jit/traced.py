@@ -294,7 +294,7 @@ class TracedFunction(Generalizing):
         if res.reused:
             self.stats.kernel_reuses += 1
             self.stats.event("kernel_reuse", "same graph structure: size-generic kernel reused")
-        else:
+        elif not getattr(res.kernel, "deferred", False):  # (else counted when it compiles)
             self.stats.compiles += 1
         entry.traces.append(Trace(tg, res, self.stats))
         if entry.guard is None and entry.pending is not None:
