@@ -157,20 +157,26 @@ def _linker():
 
 def load_cached(graph, units, key) -> LLVMKernel:
     """The kernel for `graph` from the disk cache (a shared library), or None."""
+    return _load_library(key, lambda meta: LLProgram.from_meta(meta, graph, units))
+
+
+def _load_library(key, program_of):
+    """The kernel stored under `key` (a shared library), or None; `program_of(record's
+    meta)` gives its program or raises (a damaged or foreign entry is then removed)."""
     start = time.perf_counter()
     found = OBJECTS.get_library(key) if _linker() else None
     if found is None:
         return None
     record, path = found
     try:
-        program = LLProgram.from_meta(record["meta"], graph, units)
+        program = program_of(record["meta"])
         lib = ctypes.CDLL(path)
         address = _symbols(lib, f"hn_{program_digest(program)}")
     except (OSError, KeyError, TypeError, ValueError, AttributeError) as exc:
         OBJECTS.discard_library(key, f"{type(exc).__name__}: {exc}")
         return None
-    return LLVMKernel(program, address, {"load": time.perf_counter() - start},
-                      from_disk=True, keep=lib)
+    return kernel_class(program)(program, address, {"load": time.perf_counter() - start},
+                                 from_disk=True, keep=lib)
 
 
 def _symbols(lib, symbol) -> tuple:
@@ -232,24 +238,16 @@ def compile_symbolic(program) -> LLVMKernel:
     earlier process compiled the same program (its record must equal this program's),
     else compiled now and stored. The key is the program's IR and record, so lowering
     comes first; only LLVM is saved."""
-    meta = program.to_meta()
-    key = key_of("symbolic", json.dumps(meta, sort_keys=True), code_version(), host_cpu(),
-                 f"width={vector_width()}", f"linker={bool(_linker())}")
-    start = time.perf_counter()
-    found = OBJECTS.get_library(key) if _linker() else None
-    if found is not None:
-        record, path = found
-        try:
-            if record["meta"] != json.loads(json.dumps(meta)):
-                raise ValueError("the record is another program's")
-            lib = ctypes.CDLL(path)
-            address = _symbols(lib, f"hn_{program_digest(program)}")
-            return kernel_class(program)(program, address,
-                                         {"load": time.perf_counter() - start},
-                                         from_disk=True, keep=lib)
-        except (OSError, KeyError, TypeError, ValueError, AttributeError) as exc:
-            OBJECTS.discard_library(key, f"{type(exc).__name__}: {exc}")
-    return compile_llvm(program, key if _linker() else None)
+    meta = json.dumps(program.to_meta(), sort_keys=True)
+    key = key_of("symbolic", meta, code_version(), host_cpu(), f"width={vector_width()}",
+                 f"linker={bool(_linker())}")
+
+    def same_program(record_meta):
+        if json.dumps(record_meta, sort_keys=True) != meta:
+            raise ValueError("the record is another program's")
+        return program
+    loaded = _load_library(key, same_program)
+    return loaded or compile_llvm(program, key if _linker() else None)
 
 
 def compile_llvm(program, key) -> LLVMKernel:

@@ -189,7 +189,7 @@ def symbolic_result(results, tgs, ns):
     (each compiled exactly by llvm, with the same interface); raises LoweringError when
     they make none (runtime.pipeline.symbolic_kernel)."""
     if any(r.backend != "llvm" or r.backward is not None and r.backward.backend != "llvm"
-           for r in results) or (results[0].backward is None) != (results[-1].backward is None):
+           for r in results) or len({r.backward is None for r in results}) != 1:
         raise LoweringError("a trace at one of the lengths was not compiled by llvm")
     if any(_interface(tg) != _interface(tgs[0]) for tg in tgs[1:]):
         raise LoweringError("the traces' inputs, outputs or guards differ between lengths")

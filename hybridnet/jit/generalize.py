@@ -37,7 +37,8 @@ class Generalizing:
         """Merge `entry` into a specialization it differs from only in the lengths its
         loops iterate over, when both run the same code: those sizes become symbolic
         (see dynamic.py). Traces compiled for exact shapes (llvm) are merged once
-        EXACT_LENGTHS other lengths were seen, after compiling both size-generic."""
+        EXACT_LENGTHS other lengths were seen: into one llvm kernel for every length, else
+        after compiling them size-generic with numba."""
         if len(entry.traces) != 1:
             return
         mine = entry.traces[0]
@@ -76,15 +77,14 @@ class Generalizing:
         # 21, is less likely to pass for a constant)
         if len(matches) < (2 if exact_mine and len(pairs) >= 2 else 1):
             return
-        for other, dims, theirs in matches[:1]:
-            if theirs is not other.traces[0]:
-                other.traces[0] = theirs
-                theirs.result.reused = False  # (its kernel compiles at its first run)
-                self.stats.compiles += 1
-                self.stats.event("backend_fallback", theirs.result.fallback)
-                self._forget_exact(other, pairs)
-            self._adopt(entry, other, dims, theirs, args, kwargs)
-            return
+        other, dims, theirs = matches[0]
+        if theirs is not other.traces[0]:
+            other.traces[0] = theirs
+            theirs.result.reused = False  # (its kernel compiles at its first run)
+            self.stats.compiles += 1
+            self.stats.event("backend_fallback", theirs.result.fallback)
+            self._forget_exact(other, pairs)
+        self._adopt(entry, other, dims, theirs, args, kwargs)
 
     def _forget_exact(self, other, pairs):
         """(the other exact specializations of these lengths would never be hit again: the
@@ -161,6 +161,7 @@ class Generalizing:
             except LoweringError:
                 trace.generic = None
         return trace.generic
+
 
 def _describe_dims(dims, key) -> str:
     return ", ".join(describe_dim(key[1], i, d) for i, d in sorted(dims))
