@@ -27,3 +27,8 @@ def describe(shapes, dtypes) -> str:
 
 class LoweringError(OpError):
     """The graph uses something a backend cannot lower (the caller falls back)."""
+
+
+class ExportError(ValueError):
+    """A graph cannot be exported, or a file cannot be loaded as an exported graph (the
+    message names the function, op, input or field, and what to do)."""

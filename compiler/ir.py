@@ -213,10 +213,12 @@ class Graph:
         """Re-execute the graph with the reference interpreter on new input arrays."""
         return interpret.run(self, *arrays)
 
-    def to_networkx(self):
-        """A `networkx.DiGraph`: one vertex per node (attrs op, shape, dtype), edges by use."""
-        return graphviz.to_networkx(self)
+    def to_networkx(self, groups=None):
+        """A `networkx.DiGraph`: one vertex per node (attrs op, shape, dtype, and
+        fusion_group from `groups`, id(node) -> kernel index), edges by use."""
+        return graphviz.to_networkx(self, groups)
 
-    def to_dot(self) -> str:
-        """Graphviz DOT source for the graph."""
-        return graphviz.to_dot(self)
+    def to_dot(self, groups=None) -> str:
+        """Graphviz DOT source for the graph; nodes fused into one kernel (`groups`,
+        id(node) -> kernel index) drawn inside one cluster."""
+        return graphviz.to_dot(self, groups)

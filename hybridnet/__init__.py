@@ -109,6 +109,7 @@ long = int64
 int = int32  # noqa: A001
 
 from . import nn, optim  # noqa: E402
+from .export import ExportError, LoadedFunction, export, load  # noqa: E402
 from .jit import BenchmarkResult, ExplainReport, TracedFunction, benchmark, explain, trace
 
 _blas.configure()  # BLAS threads only for large matrix products (see compiler/blas.py)
@@ -122,7 +123,8 @@ __all__ = [
     "float32", "float64", "int32", "int64", "bool", "no_grad", "enable_grad",
     "set_grad_enabled", "is_grad_enabled", "grad", "record", "graph_of", "save", "load_state",
     "nn", "optim", "trace", "explain", "benchmark", "TracedFunction", "ExplainReport",
-    "BenchmarkResult", "DType", "double", "long", "float", "int",
+    "BenchmarkResult", "export", "load", "ExportError", "LoadedFunction",
+    "DType", "double", "long", "float", "int",
     "abs", "add", "amax", "amin", "argmax", "argmin", "clamp", "cos", "div", "erf", "exp",
     "gelu", "log", "log_softmax", "logsumexp", "matmul", "max", "maximum", "mean", "min",
     "minimum", "mm", "mul", "neg", "pow", "reciprocal", "relu", "rsqrt", "sigmoid", "sign",

@@ -1,0 +1,250 @@
+"""`hn.export` and `hn.load`: traced graphs out of Python and back.
+
+    text = hn.export(model, x)                       # JSON: the graph, weights, guards
+    hn.export(model, x, path="m.json")               # written atomically
+    onnx_bytes = hn.export(model, x, format="onnx")  # runs in onnxruntime
+    f = hn.load("m.json"); f(x)                      # compiled, no Python code needed
+
+Export runs the function once on the example arguments (eagerly, without gradients)
+while the JIT records it. The graph is the path that call took: each value the code
+branched on is a guard, checked by the loaded function, which raises `ExportError`
+naming the guard when an input would take another path. docs/export.md has the format.
+"""
+
+import io
+import os
+import tempfile
+import zipfile
+
+import numpy as np
+
+from compiler.errors import ExportError
+from compiler.export import graph_file
+from compiler.passes.fusion import partition
+from runtime.executor import Outcome
+
+from .jit.build import Source, TraceGraph
+from .jit.capture_graph import capture
+from .jit.compile import compile_trace
+from .jit.traced import default_backend
+from .tensor import Tensor, wrap
+
+FORMATS = ("json", "dot", "llvm")
+
+
+def export(fn_or_module, *example_args, path=None, format="json"):  # noqa: A002
+    """The graph `fn_or_module(*example_args)` records, as `format`: "json" (str; the
+    project's format, weights included), "onnx" (bytes), "dot" (str; the optimized graph
+    with its fusion groups as clusters) or "llvm" (str; the LLVM IR of its compiled
+    kernels). Writes `path` too when given (atomically; JSON weights above 1 MiB then go
+    to a sidecar `<path>.weights.npz`)."""
+    if format not in FORMATS:
+        raise ExportError(f"export: unknown format {format!r}; choose one of "
+                          f"{', '.join(FORMATS)}")
+    exported, _ = capture(fn_or_module, example_args)
+    if format == "json":
+        return _json(exported, path)
+    if format == "dot":
+        out = _dot(exported)
+    else:
+        out = _llvm_ir(exported)
+    if path is not None:
+        _write(path, out.encode("utf-8") if isinstance(out, str) else out)
+    return out
+
+
+def _json(exported, path):
+    sidecar = None if path is None else os.path.basename(os.fspath(path)) + ".weights.npz"
+    try:
+        data, side = graph_file.dumps(exported, sidecar)
+    except ValueError as exc:
+        raise ExportError(f"export {exported.name}: {exc}") from None
+    if path is not None:
+        if side:
+            _write(os.fspath(path) + ".weights.npz", _npz_bytes(side))
+        _write(path, data)
+    return data.decode("utf-8")
+
+
+def _compiled(exported, backend=None):
+    """compile_trace's result for an exported graph (the JIT's pipeline and caches)."""
+    n = exported.n_results
+    sources = [Source("arg", i) if i < exported.n_args else Source("captured")
+               for i in range(len(exported.graph.inputs))]
+    tg = TraceGraph(exported.graph, sources, [("out", k) for k in range(n)], exported.guards, [],
+                    n, fresh=[True] * n)
+    return compile_trace(tg, False, backend or default_backend())
+
+
+def _dot(exported) -> str:
+    optimized = _compiled(exported).optimized
+    groups = {id(node): unit.index for unit in partition(optimized) for node in unit.nodes
+              if len(unit.nodes) > 1}
+    return optimized.to_dot(groups)
+
+
+def _llvm_ir(exported) -> str:
+    res = _compiled(exported, "llvm")
+    if res.backend != "llvm":
+        raise ExportError(f"export {exported.name}: format='llvm': the llvm backend could "
+                          f"not compile this graph ({res.fallback})")
+    return res.kernel.llvm_ir
+
+
+# ---- files --------------------------------------------------------------------------------
+
+
+def _write(path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file and a rename: never half-written."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".hn-export-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _npz_bytes(arrays) -> bytes:
+    """An .npz archive with fixed timestamps (the same weights give the same bytes)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        for name in sorted(arrays):
+            member = io.BytesIO()
+            np.lib.format.write_array(member, arrays[name], allow_pickle=False)
+            z.writestr(zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0)),
+                       member.getvalue())
+    return buf.getvalue()
+
+
+def _sidecar_reader(folder):
+    def read(name):
+        if os.path.basename(name) != name or not name.endswith(".npz"):
+            raise ExportError(f"the sidecar {name[:60]!r} must be a .npz file next to the "
+                              "graph file")
+        try:
+            with np.load(os.path.join(folder, name), allow_pickle=False) as z:
+                return {k: z[k] for k in z.files}
+        except (OSError, ValueError, zipfile.BadZipFile) as exc:
+            raise ExportError(f"cannot read the sidecar {name!r}: {exc}") from None
+    return read
+
+
+def load(path, backend=None) -> "LoadedFunction":
+    """A callable running the JSON graph at `path` (`hn.export(..., format="json")`),
+    compiled by the JIT's pipeline (kernel caches included). Raises ExportError for a
+    file that is not a valid graph; nothing in the file is ever executed."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ExportError(f"load: cannot read {path!r}: {exc.strerror}") from None
+    exported = graph_file.loads(data, _sidecar_reader(os.path.dirname(os.path.abspath(path))))
+    return LoadedFunction(exported, backend)
+
+
+def loads(data, backend=None) -> "LoadedFunction":
+    """`load` from the JSON text or bytes themselves (weights must be inline)."""
+    return LoadedFunction(graph_file.loads(data), backend)
+
+
+class LoadedFunction:
+    """An exported graph, compiled: call it with tensors (or NumPy arrays) shaped like the
+    example arguments; returns hn tensors in the structure the function returned.
+    `exported`: the ExportedGraph (its `graph`, names, weights and guards)."""
+
+    def __init__(self, exported, backend=None):
+        self.exported = exported
+        self._result = _compiled(exported, backend)
+        self._weights = exported.weight_arrays()
+        self.backend = self._result.backend
+
+    @property
+    def graph(self):
+        """The graph as loaded (before optimization)."""
+        return self.exported.graph
+
+    def __call__(self, *args):
+        ex = self.exported
+        arrays = self._arguments(args) + self._weights
+        out = self._result.executable.run(arrays)
+        if isinstance(out, Outcome):
+            raise ExportError(self._guard_message())
+        leaves = iter(wrap(np.asarray(a)) for a in out[:ex.n_results])
+        return _rebuild(ex.result_spec, leaves)
+
+    def _arguments(self, args) -> list:
+        ex = self.exported
+        leaves = []
+        _match(ex.args_spec, tuple(args), "the arguments", leaves, ex.name)
+        if len(leaves) != ex.n_args:
+            raise ExportError(f"{ex.name}: takes {ex.n_args} tensors, got {len(leaves)}")
+        arrays = []
+        for value, node, name in zip(leaves, ex.arg_inputs, ex.input_names):
+            arr = value._data if isinstance(value, Tensor) else value
+            if not isinstance(arr, np.ndarray):
+                raise ExportError(f"{ex.name}: input {name!r} must be a tensor or a NumPy "
+                                  f"array, got {type(value).__name__}")
+            if tuple(arr.shape) != tuple(node.shape) or arr.dtype != node.dtype:
+                raise ExportError(f"{ex.name}: input {name!r} is {arr.dtype}"
+                                  f"{list(arr.shape)}; the graph was exported for "
+                                  f"{node.type_str()}")
+            arrays.append(np.ascontiguousarray(arr))
+        return arrays
+
+    def _guard_message(self) -> str:
+        ex = self.exported
+        exit_ = self._result.executable.last_exit or ("?", "?", "?")
+        held = ", ".join(f"{ex.output_names[i]} ({kind}) == {value!r}"
+                         for i, kind, value in ex.guards) or "no value guard"
+        return (f"{ex.name}: these inputs take a path the exported graph does not hold: a "
+                f"value the code branched on was {exit_[1]!r} at export and is {exit_[2]!r} "
+                f"now (the graph holds when {held}); export again with inputs that take "
+                "this path")
+
+    def __repr__(self) -> str:
+        ex = self.exported
+        ins = ", ".join(f"{n}: {i.type_str()}" for n, i in zip(ex.input_names, ex.arg_inputs))
+        return f"<hn.load {ex.name}({ins}) backend={self.backend}>"
+
+
+def _match(spec, value, where, leaves, name):
+    t = spec["t"]
+    if t == "tensor":
+        leaves.append(value)
+        return
+    if t == "const":
+        if value != spec["value"] or type(value) is not type(spec["value"]):
+            raise ExportError(f"{name}: {where} was {spec['value']!r} at export, got "
+                              f"{value!r} (export again for other values)")
+        return
+    kind = {"tuple": (tuple, list), "list": (tuple, list), "dict": (dict,)}[t]
+    if not isinstance(value, kind) or len(value) != len(spec["items"]):
+        raise ExportError(f"{name}: {where} must be a {t} of {len(spec['items'])} items "
+                          f"like the example's, got {type(value).__name__}")
+    if t == "dict":
+        if list(value) != spec["keys"]:
+            raise ExportError(f"{name}: {where} must have keys {spec['keys']}")
+        value = [value[k] for k in spec["keys"]]
+    for k, (s, v) in enumerate(zip(spec["items"], value)):
+        _match(s, v, f"{where}[{k}]", leaves, name)
+
+
+def _rebuild(spec, leaves):
+    t = spec["t"]
+    if t == "tensor":
+        return next(leaves)
+    if t == "const":
+        return spec["value"]
+    items = [_rebuild(s, leaves) for s in spec["items"]]
+    if t == "dict":
+        return dict(zip(spec["keys"], items))
+    return items if t == "list" else tuple(items)
+
+
+__all__ = ["export", "load", "loads", "LoadedFunction", "ExportError"]
