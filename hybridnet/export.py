@@ -5,10 +5,11 @@
     onnx_bytes = hn.export(model, x, format="onnx")  # runs in onnxruntime
     f = hn.load("m.json"); f(x)                      # compiled, no Python code needed
 
-Export runs the function once on the example arguments (eagerly, without gradients)
-while the JIT records it. The graph is the path that call took: each value the code
-branched on is a guard, checked by the loaded function, which raises `ExportError`
-naming the guard when an input would take another path. docs/export.md has the format.
+Export runs the function once on the example arguments, eagerly, while the JIT
+records it (as torch.onnx.export runs the model). The graph is the path that call took:
+each value the code branched on is a guard, checked by the loaded function, which
+raises `ExportError` naming the guard when an input would take another path.
+docs/export.md has the format.
 """
 
 import io
@@ -202,8 +203,9 @@ class LoadedFunction:
         exit_ = self._result.executable.last_exit or ("?", "?", "?")
         held = ", ".join(f"{ex.output_names[i]} ({kind}) == {value!r}"
                          for i, kind, value in ex.guards) or "no value guard"
+        what = "branched on" if exit_[0] == "bool" else "read as a Python number"
         return (f"{ex.name}: these inputs take a path the exported graph does not hold: a "
-                f"value the code branched on was {exit_[1]!r} at export and is {exit_[2]!r} "
+                f"value the code {what} was {exit_[1]!r} at export and is {exit_[2]!r} "
                 f"now (the graph holds when {held}); export again with inputs that take "
                 "this path")
 

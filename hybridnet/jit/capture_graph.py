@@ -1,6 +1,7 @@
 """Record one call of a function or module as an `ExportedGraph` (what `hn.export` writes).
 
-The call runs eagerly once under `no_grad` while the JIT's recorder watches it (the same
+The call runs eagerly once (for real: what it changes stays changed) while the JIT's
+recorder watches it (the same
 recording `hn.trace` compiles). Arguments' tensors become the graph's first inputs, named
 after the function's parameters; every other tensor it read (parameters, buffers,
 captured or global tensors) becomes a named weight. A call the JIT could not replay, or
@@ -14,7 +15,6 @@ from compiler.errors import ExportError
 from compiler.export import ExportedGraph
 from compiler.ir import Node
 
-from ..autograd import no_grad
 from ..nn.module import Module
 from ..tensor import Tensor
 from .keys import module_key
@@ -31,8 +31,7 @@ def capture(fn, args, name=None) -> tuple:
         flat, spec = flatten((tuple(args), {}), module_key=module_key, packs=False)
     except Unsupported as exc:
         raise ExportError(f"export {label}: {exc}") from None
-    with no_grad():
-        result, tg = traced._record(flat, args, {}, traced._key(flat, spec))
+    result, tg = traced._record(flat, args, {}, traced._key(flat, spec))
     if isinstance(tg, Exception):
         raise ExportError(f"export {label}: the call cannot be captured as a graph: {tg}")
     _refuse_state(tg, label)
