@@ -8,7 +8,9 @@ forward and backward over 64 steps (batch 32, input 64, hidden 128), a compiled
 (64,784)x(784,256) layer, a compiled nn.RNN(128, 128) over 64 steps (one large input
 projection, 64 small recurrent products), a (256,128)x(128,128) product (4.2 million
 multiply-adds: below the threshold, where a quiet machine loses the second thread's
-gain), and a 512^3 product. Columns: "rule" is
+gain), and a 512^3 product; then a traced MLP and the same model eagerly called in
+turns, with eager large products in SciPy's BLAS pool (the kernels' pool; now) against
+NumPy's own pool (before). Columns: "rule" is
 hybridnet's default (one BLAS thread below compiler.blas.LARGE_MACS multiply-adds per
 BLAS call, BLAS's threads above; a kernel gets them when most of its work is large),
 "all threads" lets every product use BLAS's threads (what NumPy does by default).
@@ -86,6 +88,44 @@ def run(title, repeat):
                               ("ratio", "all / rule", lambda v: f"{v:.2f}x")])
 
 
+def _turns():
+    """A traced 784-256-10 MLP and the same model eagerly, called in turns."""
+    hn.manual_seed(0)
+    model = hn.nn.Sequential(hn.nn.Linear(784, 256), hn.nn.ReLU(), hn.nn.Linear(256, 10))
+    traced = hn.trace(model)
+    x = hn.randn(64, 784)
+
+    def turn():
+        with hn.no_grad():
+            traced(x)
+            model(x)
+    return turn
+
+
+def run_turns(title, repeat):
+    """Eager large products in SciPy's BLAS pool, the one compiled kernels use (now),
+    against NumPy's own pool (before: two pools with spinning workers)."""
+    turn = _turns()
+    for _ in range(3):
+        turn()
+    now, before = [], []
+    for _ in range(3):
+        now.append(median_time(turn, repeat))
+        saved = dict(blas.GEMM)
+        blas.GEMM.clear()  # (matmul then threads NumPy's own pool for the product)
+        try:
+            before.append(median_time(turn, repeat))
+        finally:
+            blas.GEMM.update(saved)
+    row = {"case": "traced + eager MLP (784-256-10, batch 64), in turns",
+           "now": statistics.median(now), "before": statistics.median(before)}
+    row["ratio"] = row["before"] / row["now"]
+    print_table(title, [row], [("case", "case", str),
+                               ("now", "one threaded pool (now)", fmt_time),
+                               ("before", "two pools (before)", fmt_time),
+                               ("ratio", "before / now", lambda v: f"{v:.2f}x")])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
@@ -93,8 +133,11 @@ def main():
     print(f"BLAS libraries: {blas.threads()} (threads for large products: {blas._wide[0]}, "
           f"from {blas.LARGE_MACS} multiply-adds)")
     run("Quiet machine", args.repeat)
+    run_turns("Quiet machine: eager and compiled products in turns", args.repeat)
     with busy_neighbour():
         run("With a busy neighbour on one core", args.repeat)
+        run_turns("With a busy neighbour: eager and compiled products in turns",
+                  args.repeat)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,19 @@ BLAS's threads, and a smaller one runs on one thread whatever the neighbours do
 BLAS once per item.
 
 `configure()` puts every BLAS library on one thread (run by `import hybridnet`, and
-again by the Numba engine once Numba has loaded SciPy's BLAS). Eager products use
-NumPy's BLAS: `matmul(a, b)`, the registry's matmul impl, raises its count for the
-duration of a large product only, so outside one it is on one thread. Compiled kernels
-call SciPy's BLAS (Numba's np.dot): before each call of a kernel that uses BLAS,
-`kernel_threads(large)` sets that library to BLAS's threads when most of the kernel's
-multiply-adds are in large products (`kernel_is_large`), else to one, changing it only
-when the choice changes (switching it on every call of a small compiled layer made the
-call 100x slower next to a busy process: waking parked threads each time).
+again once SciPy's BLAS is loaded). Only SciPy's BLAS (`scipy.linalg.cython_blas`)
+ever gets more: compiled kernels call it (the llvm backend by address, Numba's np.dot),
+and a large eager 2-D product (`matmul`, the registry's matmul impl) calls its ?gemm
+too. NumPy's and SciPy's OpenBLAS are two libraries with a worker-thread pool each, and
+a pool's workers spin for a while after every threaded call: when eager products ran
+threaded in NumPy's pool between compiled ones in SciPy's, the two pools fought over
+the 2 cores and an MLP's calls took 10x longer (100x next to a busy process). NumPy's
+pool therefore stays on one thread (a large batched eager product, which its gemm cannot
+take, gets NumPy's threads for that call only). Before each call of a kernel that uses
+BLAS, `kernel_threads(large)` sets SciPy's library to BLAS's threads when most of the
+kernel's multiply-adds are in large products (`kernel_is_large`), else to one, changing
+it only when the choice changes (switching it on every call of a small compiled layer
+made the call 100x slower next to a busy process: waking parked threads each time).
 
 `HYBRIDNET_BLAS_THREADS=N` fixes N threads for every product instead, and
 `HYBRIDNET_BLAS_THREADS=keep` leaves the libraries as they are. The setting is
@@ -27,7 +32,11 @@ process-wide: the user's own NumPy products run on one BLAS thread too.
 """
 
 import contextlib
+import ctypes
+import importlib.machinery
+import importlib.util
 import os
+import sys
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
@@ -100,12 +109,56 @@ def macs(a_shape, b_shape) -> int:
 
 
 def matmul(a, b) -> np.ndarray:
-    """np.matmul, with BLAS's threads for the duration of a large float product."""
+    """np.matmul; a large float product runs on BLAS's threads, in SciPy's BLAS (the one
+    compiled kernels call) for 2-D operands, so that one BLAS thread pool at most ever
+    has threads: NumPy's and SciPy's OpenBLAS each keep their worker threads spinning
+    after a threaded call, and eager and compiled products taking turns made both pools
+    fight for the 2 cores (an MLP's calls 10x slower, 100x next to a busy process)."""
     # (one BLAS call has at most a.size * b.size multiply-adds: one test rejects most)
     if _wide[0] > 1 and a.size * b.size >= LARGE_MACS and a.dtype.kind == "f" and \
             macs(a.shape, b.shape) >= LARGE_MACS:
+        if a.ndim == b.ndim == 2 and a.dtype == b.dtype and a.dtype in GEMM:
+            return _scipy_gemm(a, b)
         return threaded(np.matmul, a, b)
     return np.matmul(a, b)
+
+
+GEMM = {np.dtype(np.float32): ("sgemm", ctypes.c_float),
+        np.dtype(np.float64): ("dgemm", ctypes.c_double)}
+_GEMM_FNS = {}  # dtype -> the ctypes function of SciPy's ?gemm
+
+
+def _scipy_gemm(a, b) -> np.ndarray:
+    """a @ b (2-D, one float dtype) by SciPy's Fortran ?gemm on BLAS's threads. Fortran
+    computes the transposed product: C^T (n x m) = B^T A^T, reading row-major buffers as
+    their transposes."""
+    m, k = a.shape
+    n = b.shape[1]
+    name, scalar = GEMM[a.dtype]
+    fn = _GEMM_FNS.get(a.dtype)
+    if fn is None:
+        fn = _GEMM_FNS[a.dtype] = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 13)(
+            scipy_pointers([name])[0])
+    b, tb, ldb = _fortran_operand(b, n)
+    a, ta, lda = _fortran_operand(a, k)
+    out = np.empty((m, n), dtype=a.dtype)
+    ints = [ctypes.c_int(v) for v in (n, m, k, ldb, lda, n)]
+    one, zero = scalar(1.0), scalar(0.0)
+    kernel_threads(True)
+    p = ctypes.byref
+    fn(p(tb), p(ta), p(ints[0]), p(ints[1]), p(ints[2]), p(one), b.ctypes.data, p(ints[3]),
+       a.ctypes.data, p(ints[4]), p(zero), out.ctypes.data, p(ints[5]))
+    return out
+
+
+def _fortran_operand(x, rows_c):
+    """(buffer, trans, ld) giving Fortran x^T: a row-major x (r x c) is x^T as Fortran
+    ('N', ld c); a column-major one is x itself ('T', ld r)."""
+    if x.flags.c_contiguous:
+        return x, ctypes.c_char(b"N"), rows_c
+    if x.flags.f_contiguous:
+        return x, ctypes.c_char(b"T"), x.shape[0]
+    return np.ascontiguousarray(x), ctypes.c_char(b"N"), rows_c
 
 
 def threaded(fn, *args):
@@ -125,6 +178,46 @@ def kernel_threads(large: bool) -> None:
     large kernel, else on one (changed only when the choice changes)."""
     if _wide[0] > 1:
         _set(_wide[0] if large else 1, _role("kernel"))
+
+
+def scipy_pointers(names) -> list:
+    """Addresses of SciPy's Fortran BLAS routines (`scipy.linalg.cython_blas`), by name;
+    puts that library on one thread (`configure`) once it is loaded."""
+    if not names:
+        return []
+    capi = _cython_blas().__pyx_capi__
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    get_ptr = ctypes.pythonapi.PyCapsule_GetPointer
+    get_ptr.restype, get_ptr.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    out = [get_ptr(capi[name], get_name(capi[name])) for name in names]
+    configure()
+    return out
+
+
+def _cython_blas():
+    """scipy.linalg.cython_blas, loaded on its own when scipy.linalg is not imported yet:
+    importing scipy.linalg takes ~0.3 s, the extension module alone ~7 ms. It is
+    registered under its own name, so a later `import scipy.linalg` uses it."""
+    name = "scipy.linalg.cython_blas"
+    if name in sys.modules:
+        return sys.modules[name]
+    try:
+        spec = importlib.util.find_spec("scipy")
+        folder = os.path.join(spec.submodule_search_locations[0], "linalg")
+        path = next(os.path.join(folder, f"cython_blas{suffix}")
+                    for suffix in importlib.machinery.EXTENSION_SUFFIXES
+                    if os.path.exists(os.path.join(folder, f"cython_blas{suffix}")))
+        loader = importlib.machinery.ExtensionFileLoader(name, path)
+        module = importlib.util.module_from_spec(
+            importlib.util.spec_from_file_location(name, path, loader=loader))
+        loader.exec_module(module)
+        sys.modules[name] = module
+        return module
+    except Exception:  # noqa: BLE001  (any surprise: the ordinary import)
+        sys.modules.pop(name, None)
+        from scipy.linalg import cython_blas
+        return cython_blas
 
 
 def kernel_is_large(products) -> bool:

@@ -15,8 +15,6 @@ ctypes releases the GIL during the call.
 
 import ctypes
 import hashlib
-import importlib.machinery
-import importlib.util
 import itertools
 import os
 import sys
@@ -32,45 +30,6 @@ from compiler.lowering.llvm_sym import evaluate_layout
 def program_digest(program) -> str:
     """The name part of a program's entry symbol: a hash of its IR."""
     return hashlib.sha256(program.source.encode()).hexdigest()[:24]
-
-
-def _cython_blas():
-    """scipy.linalg.cython_blas, loaded on its own when scipy.linalg is not imported yet:
-    importing scipy.linalg takes ~0.3 s, the extension module alone ~7 ms. It is
-    registered under its own name, so a later `import scipy.linalg` uses it."""
-    name = "scipy.linalg.cython_blas"
-    if name in sys.modules:
-        return sys.modules[name]
-    try:
-        spec = importlib.util.find_spec("scipy")
-        folder = os.path.join(spec.submodule_search_locations[0], "linalg")
-        path = next(os.path.join(folder, f"cython_blas{suffix}")
-                    for suffix in importlib.machinery.EXTENSION_SUFFIXES
-                    if os.path.exists(os.path.join(folder, f"cython_blas{suffix}")))
-        loader = importlib.machinery.ExtensionFileLoader(name, path)
-        module = importlib.util.module_from_spec(
-            importlib.util.spec_from_file_location(name, path, loader=loader))
-        loader.exec_module(module)
-        sys.modules[name] = module
-        return module
-    except Exception:  # noqa: BLE001  (any surprise: the ordinary import)
-        sys.modules.pop(name, None)
-        from scipy.linalg import cython_blas
-        return cython_blas
-
-
-def _gemm_pointers(names):
-    """Addresses of SciPy's Fortran BLAS routines, by name."""
-    if not names:
-        return []
-    capi = _cython_blas().__pyx_capi__
-    get_name = ctypes.pythonapi.PyCapsule_GetName
-    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
-    get_ptr = ctypes.pythonapi.PyCapsule_GetPointer
-    get_ptr.restype, get_ptr.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    out = [get_ptr(capi[name], get_name(capi[name])) for name in names]
-    blas.configure()  # (SciPy's BLAS is loaded now: one thread, as compiler.blas says)
-    return out
 
 
 ENTRY_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
@@ -214,7 +173,7 @@ class LLVMKernel:
         address, call = address if isinstance(address, tuple) else (address, None)
         self._entry = ENTRY_TYPE(address)
         self._call_address = call
-        self._fns = np.array(_gemm_pointers(program.fns) or [0], dtype=np.uintp)
+        self._fns = np.array(blas.scipy_pointers(program.fns) or [0], dtype=np.uintp)
         self._prepare_layout()
 
     def refresh(self):

@@ -75,18 +75,34 @@ def test_a_loop_bodys_products_count_once_per_step():
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Threads NumPy's BLAS libraries use inside each threaded call (eager products; SciPy's,
-    which compiled kernels call, stays as it is, and is loaded once any test compiled a
-    product)."""
-    seen, original = [], blas.threaded
+    """Per large eager product: (which BLAS, NumPy's BLAS threads, SciPy's BLAS threads)
+    inside it. A 2-D one runs in SciPy's BLAS (`_scipy_gemm`), the library compiled
+    kernels call; a batched one in NumPy's (`threaded`)."""
+    seen = []
+
+    def both():
+        t = blas.threads().items()
+        return ({n for p, n in t if "numpy" in p}, {n for p, n in t if "numpy" not in p})
+
+    original_gemm, original_threaded = blas._scipy_gemm, blas.threaded
+
+    def gemm(*args):
+        out = original_gemm(*args)
+        seen.append(("scipy",) + both())
+        return out
 
     def threaded(fn, *args):
         def probe(*a):
-            seen.append({n for path, n in blas.threads().items() if "numpy" in path})
+            seen.append(("numpy",) + both())
             return fn(*a)
-        return original(probe, *args)
+        return original_threaded(probe, *args)
+    monkeypatch.setattr(blas, "_scipy_gemm", gemm)
     monkeypatch.setattr(blas, "threaded", threaded)
     return seen
+
+
+def _numpy_threads():
+    return {n for p, n in blas.threads().items() if "numpy" in p}
 
 
 @pytest.mark.usefixtures("two_threads")
@@ -95,10 +111,15 @@ def test_eager_products_choose_threads_by_size(spy):
     assert spy == []
     big_a, big_b = hn.randn(256, 256), hn.randn(256, 256)  # 2**24 multiply-adds
     big = big_a @ big_b
-    assert spy == [{2}] and _now() == {1}  # back to one thread after the product
+    # in SciPy's BLAS, on 2 threads; NumPy's stays on one
+    assert spy == [("scipy", {1}, {2})]
     np.testing.assert_allclose(big.numpy(), big_a.numpy() @ big_b.numpy(), rtol=1e-4)
     hn.tensor(np.ones((256, 256), np.int64)) @ hn.tensor(np.ones((256, 256), np.int64))
     assert len(spy) == 1  # (integer products do not use BLAS)
+    a3, b2 = hn.randn(2, 256, 256), hn.randn(256, 256)
+    batched = a3 @ b2  # in NumPy's BLAS, threaded for the call only
+    assert spy[1][:2] == ("numpy", {2}) and _numpy_threads() == {1}
+    np.testing.assert_allclose(batched.numpy(), a3.numpy() @ b2.numpy(), rtol=1e-4)
 
 
 @pytest.mark.usefixtures("two_threads")
@@ -106,9 +127,30 @@ def test_backward_products_follow_the_rule(spy):
     w = hn.randn(256, 256, requires_grad=True)
     x = hn.randn(256, 256)
     (x @ w).sum().backward()
-    assert spy == [{2}, {2}] and _now() == {1}  # the forward and the vjp's product
+    assert [s[0] for s in spy] == ["scipy", "scipy"]  # the forward and the vjp's product
+    assert _numpy_threads() == {1}
     np.testing.assert_allclose(w.grad.numpy(), x.numpy().T @ np.ones((256, 256), np.float32),
                                rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_large_eager_products_match_numpy_in_every_layout(dtype):
+    """SciPy's Fortran gemm reads row-major, column-major and strided operands rightly."""
+    rng = np.random.default_rng(0)
+    a64, b64 = rng.standard_normal((300, 400)), rng.standard_normal((400, 200))
+    a, b = a64.astype(dtype), b64.astype(dtype)
+    tol = dict(rtol=1e-4, atol=1e-3) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-9)
+    saved = blas._wide[0]
+    blas._wide[0] = 2
+    try:
+        for x in (a, np.asfortranarray(a), np.repeat(a, 2, axis=1)[:, ::2]):
+            for y in (b, np.asfortranarray(b), np.repeat(b, 2, axis=0)[::2]):
+                out = blas.matmul(x, y)
+                assert out.dtype == dtype and out.flags.c_contiguous
+                np.testing.assert_allclose(out, a64 @ b64, **tol)
+    finally:
+        blas._wide[0] = saved
+        blas._set(1)
 
 
 def _kernel_threads():
@@ -131,9 +173,31 @@ def test_compiled_kernels_choose_threads_by_size(spy):
     assert layer.stats.compiled_calls >= 2 and small.stats.compiled_calls >= 2
     assert "np.dot" in small.source and "# BLAS: its threads" in layer.source
     assert "# BLAS" not in small.source
-    assert spy == [{2}]  # (the eager first call: NumPy's BLAS, for that product only)
+    # (the eager first call: SciPy's BLAS, the library the kernels call)
+    assert [s[0] for s in spy] == ["scipy"] and _numpy_threads() == {1}
     np.testing.assert_allclose(out.numpy(), np.maximum(x.numpy() @ w.numpy().T, 0),
                                rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_eager_and_compiled_products_taking_turns_use_one_threaded_pool(spy):
+    """Regression: eager products ran on NumPy's OpenBLAS threads and compiled ones on
+    SciPy's; both pools' workers spin after a call, so a traced model's calls between
+    eager ones were 10x slower (3.5 ms instead of 0.3 ms; 50-80 ms next to a busy
+    process). Now only SciPy's pool ever has threads."""
+    hn.manual_seed(0)
+    model = hn.nn.Sequential(hn.nn.Linear(784, 256), hn.nn.ReLU(), hn.nn.Linear(256, 10))
+    traced = hn.trace(model)
+    x = hn.randn(64, 784)
+    with hn.no_grad():
+        for _ in range(4):
+            a = traced(x)
+            assert _numpy_threads() == {1}
+            b = model(x)
+            assert _numpy_threads() == {1}
+    assert traced.stats.compiled_calls >= 2
+    assert spy and all(s[:2] == ("scipy", {1}) for s in spy)
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.usefixtures("two_threads")
