@@ -21,6 +21,7 @@ import numpy as np
 
 from compiler.errors import ExportError
 from compiler.export import graph_file
+from compiler.export.onnx_export import to_onnx
 from compiler.passes.fusion import partition
 from runtime.executor import Outcome
 
@@ -30,7 +31,7 @@ from .jit.compile import compile_trace
 from .jit.traced import default_backend
 from .tensor import Tensor, wrap
 
-FORMATS = ("json", "dot", "llvm")
+FORMATS = ("json", "onnx", "dot", "llvm")
 
 
 def export(fn_or_module, *example_args, path=None, format="json"):  # noqa: A002
@@ -45,7 +46,9 @@ def export(fn_or_module, *example_args, path=None, format="json"):  # noqa: A002
     exported, _ = capture(fn_or_module, example_args)
     if format == "json":
         return _json(exported, path)
-    if format == "dot":
+    if format == "onnx":
+        out = to_onnx(exported)
+    elif format == "dot":
         out = _dot(exported)
     else:
         out = _llvm_ir(exported)

@@ -318,3 +318,25 @@ def test_code_in_every_field_is_never_run(tmp_path):
 def test_load_of_a_missing_file_names_it(tmp_path):
     with pytest.raises(ExportError, match="cannot read"):
         hn.load(tmp_path / "nope.json")
+
+
+@pytest.mark.parametrize("name", ["mlp", "rnn", "chain", "xent", "branch"])
+def test_onnx_export_runs_in_onnxruntime_and_matches(name):
+    import onnx
+    import onnxruntime as ort
+
+    fn, args = _cases()[name]
+    data = hn.export(fn, *args, format="onnx")
+    assert isinstance(data, bytes) and data == hn.export(fn, *args, format="onnx")
+    model = onnx.load_from_string(data)
+    onnx.checker.check_model(model, full_check=True)
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    feeds = {i.name: a.numpy() for i, a in zip(session.get_inputs(), args)}
+    assert len(feeds) == len(args)
+    outs = session.run(None, feeds)
+    with hn.no_grad():
+        _close(outs[0], fn(*args))
+    if name == "branch":  # the guard is an output, its expected value in the metadata
+        meta = {p.key: p.value for p in model.metadata_props}
+        assert json.loads(meta["hybridnet.guards"])[0]["expected"] is True
+        assert bool(outs[1]) is True

@@ -31,6 +31,7 @@ LAZY_OK = {
     "compiler.lowering.llvm_emit": "it imports llvmlite.ir (~10 ms); only the llvm backend "
                                    "needs it",
     "scipy.linalg": "~0.1 s; only llvm kernels that call BLAS need its function pointers",
+    "onnx": "an optional dependency (hybridnet[onnx]), ~0.2 s; only format='onnx' needs it",
 }
 
 

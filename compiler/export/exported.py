@@ -17,7 +17,9 @@ class ExportedGraph:
     - `input_names`: one stable name per graph input (`x`, `h.0`, `fc1.weight`).
     - `n_args`: how many inputs are arguments; the rest are weights, whose values are
       `weights[name]` (NumPy arrays).
-    - `n_results`: how many outputs are results (named `output_names`).
+    - `output_names`: one per graph output: the results (`output`, or `output0`...),
+      then the guards' values (`guard0`...).
+    - `n_results`: how many outputs are results.
     - `guards`: (output index, kind, expected value): a value the traced code branched on
       (`if x.sum() > 0`); the graph is the path taken when every guard holds.
     - `args_spec` / `result_spec`: the nesting of the arguments and results as plain JSON
