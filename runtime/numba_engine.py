@@ -43,6 +43,7 @@ class CompiledKernel:
         self.compiled = False
         self.from_disk = False
         self._jitted = None
+        self._inspect = None  # an uncached twin of a disk-cached kernel, for its IR
 
     @property
     def jitted(self):
@@ -72,8 +73,25 @@ class CompiledKernel:
 
     @property
     def llvm_ir(self) -> str:
-        """LLVM IR of every compiled signature (empty before the first call)."""
-        return "\n".join(self.jitted.inspect_llvm().values())
+        """LLVM IR of every compiled signature (empty before the first call). Numba keeps
+        no IR for code it loaded from its disk cache ("Inspection disabled for cached
+        code"): that code is compiled once more, in memory, for the IR."""
+        jitted = self.jitted
+        if self.cache_hits:
+            jitted = self._inspectable()
+        return "\n".join(jitted.inspect_llvm().values())
+
+    def _inspectable(self):
+        if self._inspect is None:
+            import numba
+
+            src = self.jitted
+            options = {k: v for k, v in src.targetoptions.items() if k not in ("cache", "nopython")}
+            fresh = numba.njit(**options)(src.py_func)
+            for sig in src.signatures:
+                fresh.compile(sig)
+            self._inspect = fresh
+        return self._inspect
 
     @property
     def cache_hits(self) -> int:

@@ -17,13 +17,17 @@ _SCRIPT = textwrap.dedent("""
     ref = np.tanh(x.numpy() * 1.5 + 0.1) / (1 + np.exp(-x.numpy()))
     hits = sum(kernel.fn.stats.cache_hits.values())  # Numba loaded machine code from disk
     print(hits, f.stats.compiled_calls, float(np.abs(y.numpy() - ref).max()))
+    print(len(f.llvm_ir))
 """)
 
 
 def _run(cache_dir):
     env = dict(os.environ, HYBRIDNET_CACHE_DIR=str(cache_dir))
-    out = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True,
-                         text=True, check=True, timeout=300).stdout.split()
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True,
+                          text=True, check=True, timeout=300)
+    out = proc.stdout.split()
+    # (the LLVM IR is there also for code Numba loaded from disk, without its warning)
+    assert int(out[3]) > 1000 and "Inspection disabled" not in proc.stderr
     return int(out[0]), int(out[1]), float(out[2])
 
 
