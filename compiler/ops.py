@@ -131,7 +131,7 @@ def _unary(name, impl, vjp, saves, float_only=True, allow_bool=True, doc="", **f
 
 
 _unary("neg", np.negative, (lambda e, g, x, o, a: e("neg", g),), _NONE,
-       float_only=False, allow_bool=False, doc="-x", involution=True)
+       float_only=False, allow_bool=False, doc="-x", involution=True, zeros="first")
 def _quiet(fn):
     """fn under np.errstate(all='ignore'): log(0) = -inf, exp overflow = inf, silently,
     as PyTorch (only for ops whose edge cases NumPy warns about)."""
@@ -192,15 +192,15 @@ def _max_grad(first: bool):
 
 # The identity of IEEE addition is -0.0 (x + 0.0 turns -0.0 into 0.0); of subtraction 0.0.
 _binary("add", np.add, (lambda e, g, x, o, a: g, lambda e, g, x, o, a: g), _NONE,
-        commutative=True, identity=-0.0, sums=True)
+        commutative=True, identity=-0.0, sums=True, zeros="all")
 _binary("sub", np.subtract, (lambda e, g, x, o, a: g, lambda e, g, x, o, a: e("neg", g)),
-        _NONE, allow_bool=False, identity=0)
+        _NONE, allow_bool=False, identity=0, zeros="all")
 _binary("mul", np.multiply, (lambda e, g, x, o, a: e("mul", g, x[1]),
                              lambda e, g, x, o, a: e("mul", g, x[0])), _IN, commutative=True,
-        identity=1)
+        identity=1, zeros="any")
 _binary("div", _quiet(np.true_divide), (lambda e, g, x, o, a: e("div", g, x[1]),
                                 lambda e, g, x, o, a: e("neg", e("div", e("mul", g, o), x[1]))),
-        _BOTH, float_only=True, identity=1)
+        _BOTH, float_only=True, identity=1, zeros="first")
 _binary("pow", _quiet(_power), (_pow_base_grad, _pow_exponent_grad), _BOTH, allow_bool=False,
         identity=1)
 _binary("maximum", np.maximum, (_max_grad(True), _max_grad(False)), _IN, commutative=True)

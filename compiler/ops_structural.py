@@ -76,7 +76,8 @@ def _extreme_vjp(e, g, x, o, a):
 register(OpDef("sum", 1, _sum_impl, _reduce_rule("sum"), vjp=(_sum_vjp,),
                attrs=("dims", "keepdim"), traits=_RED, saves=_NONE, combine="add",
                initial="zero",
-               doc="sum over `dims` (dtype kept; the tensor layer widens ints first)"))
+               doc="sum over `dims` (dtype kept; the tensor layer widens ints first)",
+               zeros="first"))
 register(OpDef("max", 1, _max_impl, _reduce_rule("max", True), vjp=(_extreme_vjp,),
                attrs=("dims", "keepdim"), traits=_RED, saves=_BOTH, combine="max",
                initial="lowest", doc="amax over `dims`"))
@@ -153,7 +154,7 @@ def _inverse(perm):
 register(OpDef("reshape", 1, lambda x, shape: np.reshape(x, shape), _reshape_rule,
                vjp=(lambda e, g, x, o, a: e("reshape", g, shape=tuple(x[0].shape)),),
                attrs=("shape",), traits=_MOVE, saves=_NONE, doc="reshape (a view if possible)",
-               compose=_outer_wins, noop_same_type=True))
+               compose=_outer_wins, noop_same_type=True, zeros="first"))
 register(OpDef("permute", 1, lambda x, dims: np.transpose(x, dims), _permute_rule,
                vjp=(lambda e, g, x, o, a: e("permute", g, dims=_inverse(a["dims"])),),
                attrs=("dims",), traits=_MOVE, saves=_NONE, doc="reorder dims (a view)",
@@ -161,17 +162,19 @@ register(OpDef("permute", 1, lambda x, dims: np.transpose(x, dims), _permute_rul
                                                            for d in outer["dims"])},
                is_identity=lambda a: tuple(a["dims"]) == tuple(range(len(a["dims"]))),
                swaps_last_two=lambda a: len(a["dims"]) >= 2 and tuple(a["dims"]) == tuple(
-                   range(len(a["dims"]) - 2)) + (len(a["dims"]) - 1, len(a["dims"]) - 2)))
+                   range(len(a["dims"]) - 2)) + (len(a["dims"]) - 1, len(a["dims"]) - 2),
+               zeros="first"))
 register(OpDef("expand", 1, lambda x, shape: np.broadcast_to(x, shape), _expand_rule,
                vjp=(lambda e, g, x, o, a: sum_to(e, g, x[0].shape),),
                attrs=("shape",), traits=_MOVE | {Trait.BROADCAST}, saves=_NONE,
                doc="broadcast to `shape` (a read-only view)", compose=_outer_wins,
-               noop_same_type=True))
+               noop_same_type=True, zeros="first"))
 
 
 register(OpDef("detach", 1, lambda x: x, lambda shapes, dtypes: (tuple(shapes[0]), dtypes[0]),
                traits=_MOVE | {Trait.BROADCAST}, saves=_NONE,
-               doc="identity that stops gradients (recorded only inside hn.record / tracing)"))
+               doc="identity that stops gradients (recorded only inside hn.record / tracing)",
+               zeros="first"))
 
 
 def _slices(index):
@@ -209,12 +212,14 @@ register(OpDef("slice", 1, lambda x, index: x[_slices(index)], _slice_rule,
                                             index=a["index"]),),
                attrs=("index",), traits=_MOVE, saves=_NONE, noop_same_type=True,
                window="read",
-               doc="basic slicing: `index` holds (start, stop, step) per dim, step > 0"))
+               doc="basic slicing: `index` holds (start, stop, step) per dim, step > 0",
+               zeros="first"))
 register(OpDef("pad_slice", 1, _pad_slice_impl, _pad_slice_rule,
                vjp=(lambda e, g, x, o, a: e("slice", g, index=a["index"]),),
                attrs=("shape", "index"), traits=_MOVE, saves=_NONE, noop_same_type=True,
                window="write",
-               doc="zeros of `shape` with the input written at `index` (slice's vjp)"))
+               doc="zeros of `shape` with the input written at `index` (slice's vjp)",
+               zeros="first"))
 
 
 def _cat_rule(shapes, dtypes, dim):
@@ -249,7 +254,7 @@ def _cat_vjp(e, g, xs, o, a):
 
 register(OpDef("cat", -1, lambda *xs, dim: np.concatenate(xs, axis=dim), _cat_rule,
                vjp=_cat_vjp, attrs=("dim",), traits=_MOVE, saves=_NONE, joins=True,
-               doc="concatenate along `dim`"))
+               doc="concatenate along `dim`", zeros="all"))
 
 
 def _take_rule(shapes, dtypes, dim):
@@ -289,11 +294,13 @@ register(OpDef("take", 2, _take_impl, _take_rule,
                vjp=(lambda e, g, x, o, a: e("scatter_add", g, x[1], dim=a["dim"],
                                             size=x[0].shape[a["dim"]]), None),
                attrs=("dim",), traits=_MOVE, saves=_IN,
-               doc="gather: x.take(idx) along `dim` (negative indices wrap)"))
+               doc="gather: x.take(idx) along `dim` (negative indices wrap)",
+               zeros="first"))
 register(OpDef("scatter_add", 2, _scatter_add_impl, _scatter_add_rule,
                vjp=(lambda e, g, x, o, a: e("take", g, x[1], dim=a["dim"]), None),
                attrs=("dim", "size"), traits=frozenset({Trait.PURE}), saves=_IN,
-               doc="zeros with `size` along `dim`, src added at idx (take's vjp)"))
+               doc="zeros with `size` along `dim`, src added at idx (take's vjp)",
+               zeros="first"))
 
 
 # ---- matmul --------------------------------------------------------------------------
@@ -328,4 +335,4 @@ register(OpDef("matmul", 2, _matmul, _matmul_rule,
                     lambda e, g, x, o, a: sum_to(e, e("matmul", _swap_last(e, x[0]), g),
                                                  x[1].shape)),
                traits=frozenset({Trait.PURE}), saves=_IN, transpose_swaps=True,
-               doc="batched matrix product; both inputs have ndim >= 2"))
+               doc="batched matrix product; both inputs have ndim >= 2", zeros="any"))

@@ -75,6 +75,10 @@ class OpDef:
     window: str = None
     joins: bool = False
     sums: bool = False
+    # Which zero operands make the result zero (compiler.reroll_peel): "any" (x * 0,
+    # x @ 0), "first" (0 / x, a movement or sum of zeros, take from zeros), "all" (0 + 0,
+    # a cat of zeros); None: no such fact
+    zeros: str = None
 
     @property
     def differentiable(self) -> bool:

@@ -37,6 +37,7 @@ from .reroll_edits import (
     moving_dim,
     pick_single_steps,
 )
+from .reroll_peel import absorb_front
 
 MIN_TRIPS = 3  # fewer repetitions stay unrolled
 MIN_NODES = 8  # nor are regions of fewer nodes rerolled
@@ -58,7 +59,8 @@ def reroll(graph: Graph) -> tuple:
         region = _find_region(g)
         if region is None:
             break
-        _rewrite(g, region)
+        if absorb_front(g, _rewrite(g, region)):
+            DeadCodeElimination().run(g)
         made += 1
     if made:
         pick_single_steps(g)
@@ -340,7 +342,7 @@ def _classify(r, pos, column):
 # ---- rewriting ----------------------------------------------------------------------------
 
 
-def _rewrite(g: Graph, r: _Region) -> None:
+def _rewrite(g: Graph, r: _Region) -> Node:
     steps, trips = r.steps, r.trips
     members = {id(n) for step in steps for n in step}
     users = g.users()
@@ -354,9 +356,10 @@ def _rewrite(g: Graph, r: _Region) -> None:
     finals = {j2: c for c, (j2, _) in enumerate(r.carried)}
     collected = sorted({j for k, j in outside if not (k == trips - 1 and j in finals)})
     layouts = _layouts(g, steps, collected, members)
-    body, invariants = _body(r, collected)
+    body, invariants, raw = _body(r, collected)
     spec = LoopSpec(body, len(r.carried), len(invariants), [s for _, s in r.seqs],
                     [layouts[j] for j in collected], trips)
+    spec.raw_body = raw  # (one step as recorded, before passes: compiler.reroll_peel)
     inputs = tuple([init for _, init in r.carried] + invariants + [b for b, _ in r.seqs])
     loop = Node("loop", inputs, {"spec": spec}, (), "bool")
     types = spec.output_types([i.shape for i in inputs])
@@ -389,6 +392,7 @@ def _rewrite(g: Graph, r: _Region) -> None:
     g.nodes = [n for n in g.nodes[:first] if id(n) not in members] + new_nodes + rest
     g.outputs = [replace.get(id(o), o) for o in g.outputs]
     DeadCodeElimination().run(g)
+    return loop
 
 
 def _layouts(g, steps, collected, members) -> dict:
@@ -494,8 +498,9 @@ def _body(r, collected) -> tuple:
     inputs = carried + [inv_nodes[id(v)] for v in invariants] + seqs
     outputs = [clones[j2] for j2, _ in r.carried] + [clones[j] for j in collected]
     nodes = inputs + list(consts.values()) + [c for c in clones if c.op != "input"]
-    body, _ = optimize(reroll(Graph(nodes, inputs, outputs))[0])  # (nested repetitions)
-    return body, invariants
+    raw = Graph(nodes, inputs, outputs)
+    body, _ = optimize(reroll(raw)[0])  # (nested repetitions)
+    return body, invariants, raw
 
 
 def _step_shape(base, seq) -> tuple:
