@@ -109,7 +109,7 @@ long = int64
 int = int32  # noqa: A001
 
 from . import nn, optim  # noqa: E402
-from .export import ExportError, LoadedFunction, export, load  # noqa: E402
+from .export_load import ExportError, LoadedFunction, export, load  # noqa: E402
 from .jit import BenchmarkResult, ExplainReport, TracedFunction, benchmark, explain, trace
 
 _blas.configure()  # BLAS threads only for large matrix products (see compiler/blas.py)

@@ -195,6 +195,9 @@ class Tensor:
         return int(self.item())
 
     def __repr__(self) -> str:
+        if STATE.recorders:  # (print, str, f-strings: the text holds the values)
+            note_untraceable("the call formats a tensor's values as text (print, str, "
+                             "repr, an f-string)")
         body = np.array2string(self._data, separator=", ", precision=4, prefix="tensor(")
         extra = [f"dtype={self.dtype}"]
         if self.grad_fn is not None:

@@ -93,7 +93,7 @@ class Executable:
         if self.single:
             outs = (outs,)
         for index, kind, expected in self.guards:
-            if not _guard_holds(outs[index], kind, expected):
+            if not guard_holds(outs[index], kind, expected):
                 self.side_exits += 1
                 self.last_exit = (kind, expected, outs[index].reshape(-1)[0].item())
                 return SIDE_EXIT
@@ -108,7 +108,8 @@ class Executable:
         return [o.reshape(()) if i in scalars else o for i, o in enumerate(outs)]
 
 
-def _guard_holds(arr, kind, expected) -> bool:
+def guard_holds(arr, kind, expected) -> bool:
+    """Does the value guarded (`arr`'s one element) still equal what the trace saw?"""
     value = arr.reshape(-1)[0].item()
     if kind == "bool":
         return bool(value) == expected

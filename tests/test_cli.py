@@ -399,7 +399,7 @@ def test_export_passes_the_inputs_path_and_format(capsys, module_file, monkeypat
     assert out.strip() == "wrote llvm to net.ll (5 bytes)"
 
 
-# These run the real hn.export (hybridnet/export.py).
+# These run the real hn.export (hybridnet/export_load.py).
 
 def test_export_json_writes_a_graph_file(capsys, module_file):
     status, out, err = _run(capsys, "export", "cli_example_model:predict", "--example-shapes",

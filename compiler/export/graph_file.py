@@ -2,11 +2,11 @@
 
 `dumps(exported)` gives deterministic bytes (sorted keys, fixed separators, weights as
 base64 of little-endian bytes); weights above `SIDECAR_BYTES` in total may go to a
-sidecar `.npz` instead (`dumps(..., sidecar=name)` returns its arrays). `loads(data,
-sidecar)` validates every field before it builds anything: op names are looked up in
-the registry, every shape and dtype is checked against the op's rule, declared sizes
-against the bytes actually present, and nothing from the file is ever executed (no
-pickle, no eval, no import by name).
+sidecar `.npz` instead (`dumps(..., sidecar=place)`: `place(arrays)` stores them and
+names the file and its SHA-256). `loads(data, sidecar)` validates every field before it
+builds anything: op names are looked up in the registry, every shape and dtype is
+checked against the op's rule, declared sizes against the bytes actually present, and
+nothing from the file is ever executed (no pickle, no eval, no import by name).
 """
 
 import base64
@@ -32,25 +32,24 @@ DTYPES = ("bool", "int32", "int64", "float32", "float64")
 # ---- writing ------------------------------------------------------------------------------
 
 
-def dumps(exported: ExportedGraph, sidecar=None, producer="hybridnet") -> tuple:
-    """(JSON bytes, sidecar arrays or None). With `sidecar` (a file name relative to the
-    JSON file), weights go there when they total more than SIDECAR_BYTES."""
+def dumps(exported: ExportedGraph, sidecar=None, producer="hybridnet") -> bytes:
+    """The JSON bytes. With `sidecar` (a function of {weight name: array} returning the
+    sidecar's (file name relative to the JSON file, SHA-256 hex)), weights go there when
+    they total more than SIDECAR_BYTES."""
     graph = exported.graph
     names = _value_names(exported)
     arrays = exported.weight_arrays()
-    use_sidecar = sidecar is not None and sum(a.nbytes for a in arrays) > SIDECAR_BYTES
-    side = {} if use_sidecar else None
+    weight_names = exported.input_names[exported.n_args:]
+    place = None
+    if sidecar is not None and sum(a.nbytes for a in arrays) > SIDECAR_BYTES:
+        file, digest = sidecar(dict(zip(weight_names, arrays)))
+        place = {"sidecar": file, "sha256": digest}
     inputs = []
     for k, (node, name) in enumerate(zip(graph.inputs, exported.input_names)):
         entry = {"name": name, "kind": "arg" if k < exported.n_args else "weight",
                  "shape": list(node.shape), "dtype": str(node.dtype)}
         if k >= exported.n_args:
-            arr = arrays[k - exported.n_args]
-            if use_sidecar:
-                side[name] = np.ascontiguousarray(arr)
-                entry["data"] = {"sidecar": sidecar}
-            else:
-                entry["data"] = _array_data(arr)
+            entry["data"] = dict(place) if place else _array_data(arrays[k - exported.n_args])
         inputs.append(entry)
     nodes = [_node_entry(n, names) for n in graph.nodes if n.op != "input"]
     outputs = [{"name": name, "value": names[id(o)]}
@@ -65,7 +64,7 @@ def dumps(exported: ExportedGraph, sidecar=None, producer="hybridnet") -> tuple:
         "assumptions": list(exported.assumptions),
     }
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return text.encode("utf-8"), side
+    return text.encode("utf-8")
 
 
 def _value_names(exported) -> dict:
@@ -73,7 +72,7 @@ def _value_names(exported) -> dict:
     k = 0
     for node in exported.graph.nodes:
         if id(node) not in names:
-            names[id(node)] = f"v{k}"
+            names[id(node)] = f"%{k}"  # (no Python name or parameter path has a '%')
             k += 1
     return names
 
@@ -141,8 +140,20 @@ def _float_text(x):
 
 
 def loads(data: bytes, sidecar=None) -> ExportedGraph:
-    """The ExportedGraph a JSON file holds; `sidecar(name)` returns the arrays of a sidecar
-    file it names. Raises ExportError with what is wrong and where."""
+    """The ExportedGraph a JSON file holds; `sidecar(name, digest)` returns a reader of
+    the sidecar file it names (`get(name, shape, dtype)`). Raises ExportError with what is
+    wrong and where (for anything wrong in the file, whatever it trips over)."""
+    try:
+        return _loads(data, sidecar)
+    except ExportError:
+        raise
+    except (RecursionError, ValueError, TypeError, OverflowError, KeyError, IndexError,
+            AttributeError, MemoryError, ArithmeticError) as exc:
+        raise ExportError(f"not a valid hybridnet graph file ({type(exc).__name__}: "
+                          f"{str(exc)[:200]})") from None
+
+
+def _loads(data, sidecar) -> ExportedGraph:
     doc = _document(data)
     reader = _Reader(sidecar)
     inputs = _list(doc, "inputs")
@@ -172,8 +183,12 @@ def loads(data: bytes, sidecar=None) -> ExportedGraph:
         raise ExportError(f"n_results {n_results} does not fit {len(outputs)} outputs")
     guards = _guards(doc, len(outputs), n_results)
     graph = Graph(graph_inputs + body, graph_inputs, outputs)
+    args, results = _spec(doc.get("args"), "args"), _spec(doc.get("results"), "results")
+    if _tensors(args) != n_args or _tensors(results) != n_results:
+        raise ExportError(f"the argument and result structures hold {_tensors(args)} and "
+                          f"{_tensors(results)} tensors, the graph {n_args} and {n_results}")
     return ExportedGraph(graph, names, n_args, weights, output_names, n_results, guards,
-                         _spec(doc.get("args"), "args"), _spec(doc.get("results"), "results"),
+                         args, results,
                          [str(a) for a in _list(doc, "assumptions", required=False)],
                          str(doc.get("name", "graph")))
 
@@ -261,22 +276,17 @@ class _Reader:
             return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(
                 dtype).reshape(shape)
         if "sidecar" in data:
-            return self._from_sidecar(data["sidecar"], shape, dtype, where, name)
+            return self._from_sidecar(data, shape, dtype, where, name)
         raise ExportError(f"{where}: {name!r} has no data (base64 or sidecar)")
 
-    def _from_sidecar(self, file, shape, dtype, where, name):
-        if self.sidecar is None or not isinstance(file, str):
-            raise ExportError(f"{where}: {name!r} lives in a sidecar file, which was not "
-                              "given")
-        if self._side is None:
-            self._side = self.sidecar(file)
-        arr = self._side.get(name)
-        if arr is None:
-            raise ExportError(f"{where}: the sidecar {file!r} has no array {name!r}")
-        if tuple(arr.shape) != shape or arr.dtype != dtype:
-            raise ExportError(f"{where}: the sidecar's {name!r} is {arr.dtype}"
-                              f"{list(arr.shape)}, the graph declares {dtype}{list(shape)}")
-        return arr
+    def _from_sidecar(self, data, shape, dtype, where, name):
+        file, digest = data.get("sidecar"), data.get("sha256")
+        if self.sidecar is None or not isinstance(file, str) or not isinstance(digest, str):
+            raise ExportError(f"{where}: {name!r} lives in a sidecar file (with its sha256), "
+                              "which was not given")
+        if self._side is None or self._side[0] != (file, digest):
+            self._side = ((file, digest), self.sidecar(file, digest))
+        return self._side[1].get(name, shape, dtype)
 
     def attr(self, value, where):
         """An attribute value from its typed JSON form."""
@@ -336,6 +346,10 @@ def _node(entry, k, nodes, reader) -> Node:
     attrs = {key: reader.attr(v, f"{where}.attrs.{key}") for key, v in raw.items()}
     ins = tuple(nodes[r] for r in refs)
     shape, dtype = _type_of(entry, where)
+    if op == "const":
+        _check_const(attrs, dtype, where)
+    elif _has_float(attrs):
+        raise ExportError(f"{where}: {op}'s attributes are integers, not floats")
     try:
         got_shape, got_dtype = opdef.check([i.shape for i in ins], [i.dtype for i in ins],
                                            attrs)
@@ -347,6 +361,39 @@ def _node(entry, k, nodes, reader) -> Node:
     node = Node(op, ins, attrs, shape, dtype)
     nodes[name] = node
     return node
+
+
+def _has_float(value) -> bool:
+    if isinstance(value, float):
+        return True
+    if isinstance(value, dict):
+        return any(_has_float(v) for v in value.values())
+    if isinstance(value, (tuple, list)):
+        return any(_has_float(v) for v in value)
+    return False
+
+
+def _check_const(attrs, dtype, where):
+    """A constant's value must be a number or array its dtype holds."""
+    value = attrs.get("value")
+    if np.dtype(attrs.get("dtype", dtype)) != dtype:
+        raise ExportError(f"{where}: the constant's dtype attribute differs from its type")
+    if isinstance(value, np.ndarray):
+        if value.dtype != dtype:
+            raise ExportError(f"{where}: a {dtype} constant holds {value.dtype} data")
+        return
+    if not isinstance(value, (bool, int, float)):
+        raise ExportError(f"{where}: a constant's value must be a number or an array")
+    bad = False
+    if dtype.kind in "biu":
+        whole = not isinstance(value, float) or (math.isfinite(value) and value.is_integer())
+        bad = not whole or (dtype.kind == "b" and value not in (0, 1)) or (
+            dtype.kind != "b" and not np.iinfo(dtype).min <= int(value) <= np.iinfo(dtype).max)
+    elif math.isfinite(value):
+        with np.errstate(over="ignore"):
+            bad = not np.isfinite(np.asarray(value, dtype=dtype))
+    if bad:
+        raise ExportError(f"{where}: {value!r} is not a {dtype} value")
 
 
 def _outputs(doc, nodes) -> tuple:
@@ -376,6 +423,12 @@ def _guards(doc, n_outputs, n_results) -> list:
             raise ExportError(f"{where}: the expected value must be a number")
         guards.append((index, kind, expected))
     return guards
+
+
+def _tensors(spec) -> int:
+    if spec["t"] == "tensor":
+        return 1
+    return sum(_tensors(s) for s in spec.get("items", ()))
 
 
 def _spec(spec, where):

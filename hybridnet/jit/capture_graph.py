@@ -15,6 +15,7 @@ from compiler.errors import ExportError
 from compiler.export import ExportedGraph
 from compiler.ir import Node
 
+from .._state import STATE
 from ..nn.module import Module
 from ..tensor import Tensor
 from .keys import module_key
@@ -31,22 +32,55 @@ def capture(fn, args, name=None) -> tuple:
         flat, spec = flatten((tuple(args), {}), module_key=module_key, packs=False)
     except Unsupported as exc:
         raise ExportError(f"export {label}: {exc}") from None
+    _refuse_shared(flat, label)
     result, tg = traced._record(flat, args, {}, traced._key(flat, spec))
     if isinstance(tg, Exception):
         raise ExportError(f"export {label}: the call cannot be captured as a graph: {tg}")
     _refuse_state(tg, label)
+    if tg.checks and any("also reaches by name" in c.text for c in tg.checks):
+        raise ExportError(f"export {label}: a tensor argument is also a tensor the function "
+                          "reaches by name (a parameter, global or closure tensor); the "
+                          "graph would read it from the argument: pass a copy (t.clone())")
     inputs, names, weights = _inputs(tg, flat, args, target, label)
     graph = tg.graph
     graph.inputs = inputs
     graph.nodes = inputs + [n for n in graph.nodes if n.op != "input"]
     n_res = tg.n_results
-    outputs = [f"output{k}" if n_res > 1 else "output" for k in range(n_res)]
-    outputs += [f"guard{k}" for k in range(len(graph.outputs) - n_res)]
+    taken = set(names)
+    outputs = [_unique(f"output{k}" if n_res > 1 else "output", taken) for k in range(n_res)]
+    outputs += [_unique(f"guard{k}", taken) for k in range(len(graph.outputs) - n_res)]
     exported = ExportedGraph(
         graph, names, len(flat), weights, outputs, n_res, list(tg.guards),
         spec_to_json(flatten(tuple(args))[1], label), spec_to_json(tg.result_spec, label),
-        [check.text for check in tg.checks], label)
+        _assumptions(tg, target, flat), label)
     return exported, result
+
+
+def _refuse_shared(flat, label):
+    """The same tensor passed as two arguments is one graph input: calls with two tensors
+    would read the first twice."""
+    seen = {}
+    for i, t in enumerate(flat):
+        if id(t) in seen:
+            raise ExportError(f"export {label}: arguments {seen[id(t)]} and {i} are the same "
+                              "tensor; the graph would read one input for both: pass a copy "
+                              "(x.clone()) as the second")
+        seen[id(t)] = i
+
+
+def _assumptions(tg, target, flat) -> list:
+    """What the recording took as fixed, as text: what it read (guards on state), grad
+    mode, the arguments' requires_grad flags, the modules' train/eval modes."""
+    found = [check.text for check in tg.checks]
+    found.append(f"grad mode was {'on' if STATE.grad else 'off'}")
+    flags = [i for i, t in enumerate(flat) if t._rg]
+    if flags:
+        found.append(f"tensor arguments {flags} required grad")
+    owner = target if isinstance(target, Module) else getattr(target, "__self__", None)
+    if isinstance(owner, Module):
+        modes = {"train" if m.training else "eval" for m in owner.modules()}
+        found.append(f"the module was in {' and '.join(sorted(modes))} mode")
+    return found
 
 
 def _refuse_state(tg, label):

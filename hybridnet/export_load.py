@@ -12,18 +12,20 @@ raises `ExportError` naming the guard when an input would take another path.
 docs/export.md has the format.
 """
 
+import hashlib
 import io
 import os
+import stat
 import tempfile
 import zipfile
 
 import numpy as np
 
-from compiler.errors import ExportError
+from compiler.errors import ExportError, LoweringError
 from compiler.export import graph_file
 from compiler.export.onnx_export import to_onnx
 from compiler.passes.fusion import partition
-from runtime.executor import Outcome
+from runtime.executor import SIDE_EXIT, Outcome, guard_holds
 
 from .jit.build import Source, TraceGraph
 from .jit.capture_graph import capture
@@ -58,16 +60,36 @@ def export(fn_or_module, *example_args, path=None, format="json"):  # noqa: A002
 
 
 def _json(exported, path):
-    sidecar = None if path is None else os.path.basename(os.fspath(path)) + ".weights.npz"
+    side = {}
+
+    def place(arrays):
+        data = _npz_bytes(arrays)
+        digest = hashlib.sha256(data).hexdigest()
+        side["name"] = f"{os.path.basename(os.fspath(path))}.{digest[:12]}.weights.npz"
+        side["data"] = data
+        return side["name"], digest
     try:
-        data, side = graph_file.dumps(exported, sidecar)
+        data = graph_file.dumps(exported, None if path is None else place)
     except ValueError as exc:
         raise ExportError(f"export {exported.name}: {exc}") from None
     if path is not None:
-        if side:
-            _write(os.fspath(path) + ".weights.npz", _npz_bytes(side))
+        folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+        if side:  # (named by its content: the JSON file names the very weights it needs)
+            _write(os.path.join(folder, side["name"]), side["data"])
         _write(path, data)
+        _remove_stale_sidecars(path, side.get("name"))
     return data.decode("utf-8")
+
+
+def _remove_stale_sidecars(path, keep):
+    base = os.path.basename(os.fspath(path)) + "."
+    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+    for name in os.listdir(folder):
+        if name.startswith(base) and name.endswith(".weights.npz") and name != keep:
+            try:
+                os.unlink(os.path.join(folder, name))
+            except OSError:
+                pass
 
 
 def _compiled(exported, backend=None):
@@ -81,14 +103,20 @@ def _compiled(exported, backend=None):
 
 
 def _dot(exported) -> str:
-    optimized = _compiled(exported).optimized
+    try:
+        optimized = _compiled(exported).optimized
+    except LoweringError as exc:
+        raise ExportError(f"export {exported.name}: format='dot': {exc}") from None
     groups = {id(node): unit.index for unit in partition(optimized) for node in unit.nodes
               if len(unit.nodes) > 1}
     return optimized.to_dot(groups)
 
 
 def _llvm_ir(exported) -> str:
-    res = _compiled(exported, "llvm")
+    try:
+        res = _compiled(exported, "llvm")
+    except LoweringError as exc:
+        raise ExportError(f"export {exported.name}: format='llvm': {exc}") from None
     if res.backend != "llvm":
         raise ExportError(f"export {exported.name}: format='llvm': the llvm backend could "
                           f"not compile this graph ({res.fallback})")
@@ -126,16 +154,61 @@ def _npz_bytes(arrays) -> bytes:
 
 
 def _sidecar_reader(folder):
-    def read(name):
+    def read(name, digest):
+        return _Sidecar(folder, name, digest)
+    return read
+
+
+class _Sidecar:
+    """The weights archive next to a graph file: a regular file in the same folder whose
+    SHA-256 is the one the graph file names; each array's header is checked against its
+    declaration before its bytes are read (no pickle)."""
+
+    def __init__(self, folder, name, digest):
         if os.path.basename(name) != name or not name.endswith(".npz"):
             raise ExportError(f"the sidecar {name[:60]!r} must be a .npz file next to the "
                               "graph file")
+        path = os.path.join(folder, name)
         try:
-            with np.load(os.path.join(folder, name), allow_pickle=False) as z:
-                return {k: z[k] for k in z.files}
-        except (OSError, ValueError, zipfile.BadZipFile) as exc:
-            raise ExportError(f"cannot read the sidecar {name!r}: {exc}") from None
-    return read
+            info = os.lstat(path)
+            if not stat.S_ISREG(info.st_mode):
+                raise ExportError(f"the sidecar {name!r} is not a regular file")
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            raise ExportError(f"cannot read the sidecar {name!r}: {exc.strerror}") from None
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise ExportError(f"the sidecar {name!r} is not the one the graph file was "
+                              "written with (its SHA-256 differs)")
+        try:
+            self.zip = zipfile.ZipFile(io.BytesIO(data))
+        except zipfile.BadZipFile as exc:
+            raise ExportError(f"the sidecar {name!r} is not an .npz archive: {exc}") from None
+        self.name = name
+
+    def get(self, weight, shape, dtype):
+        try:
+            with self.zip.open(weight + ".npy") as f:
+                version = np.lib.format.read_magic(f)
+                reader = {(1, 0): np.lib.format.read_array_header_1_0,
+                          (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+                if reader is None:
+                    raise ValueError(f"unsupported .npy format version {version}")
+                have_shape, fortran, have_dtype = reader(f, max_header_size=10000)
+                if tuple(have_shape) != tuple(shape) or fortran or \
+                        np.dtype(have_dtype) != dtype.newbyteorder("<"):
+                    raise ExportError(f"the sidecar's {weight!r} is {have_dtype}"
+                                      f"{list(have_shape)}, the graph declares "
+                                      f"{dtype}{list(shape)}")
+                want = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+                raw = f.read(want)
+        except KeyError:
+            raise ExportError(f"the sidecar {self.name!r} has no array {weight!r}") from None
+        except (ValueError, OSError, zipfile.BadZipFile) as exc:
+            raise ExportError(f"the sidecar's {weight!r} cannot be read: {exc}") from None
+        if len(raw) != want:
+            raise ExportError(f"the sidecar's {weight!r} holds {len(raw)} bytes, not {want}")
+        return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype).reshape(shape)
 
 
 def load(path, backend=None) -> "LoadedFunction":
@@ -164,9 +237,12 @@ class LoadedFunction:
 
     def __init__(self, exported, backend=None):
         self.exported = exported
-        self._result = _compiled(exported, backend)
         self._weights = exported.weight_arrays()
-        self.backend = self._result.backend
+        try:
+            self._result = _compiled(exported, backend)
+            self.backend = self._result.backend
+        except LoweringError as exc:  # (size-0 dims: the JIT runs those eagerly too)
+            self._result, self.backend = None, f"interpreter ({exc})"
 
     @property
     def graph(self):
@@ -176,15 +252,29 @@ class LoadedFunction:
     def __call__(self, *args):
         ex = self.exported
         arrays = self._arguments(args) + self._weights
-        out = self._result.executable.run(arrays)
+        out = self._run(arrays)
         if isinstance(out, Outcome):
             raise ExportError(self._guard_message())
         leaves = iter(wrap(np.asarray(a)) for a in out[:ex.n_results])
         return _rebuild(ex.result_spec, leaves)
 
+    def _run(self, arrays):
+        if self._result is not None:
+            return self._result.executable.run(arrays)
+        ex = self.exported
+        outs = ex.graph.run(*arrays)
+        for index, kind, expected in ex.guards:
+            if not guard_holds(outs[index], kind, expected):
+                self._exit = (kind, expected, np.asarray(outs[index]).reshape(-1)[0].item())
+                return SIDE_EXIT
+        return outs
+
     def _arguments(self, args) -> list:
         ex = self.exported
         leaves = []
+        want = len(ex.args_spec["items"])
+        if len(args) != want:
+            raise ExportError(f"{ex.name}: takes {want} positional arguments, got {len(args)}")
         _match(ex.args_spec, tuple(args), "the arguments", leaves, ex.name)
         if len(leaves) != ex.n_args:
             raise ExportError(f"{ex.name}: takes {ex.n_args} tensors, got {len(leaves)}")
@@ -203,7 +293,10 @@ class LoadedFunction:
 
     def _guard_message(self) -> str:
         ex = self.exported
-        exit_ = self._result.executable.last_exit or ("?", "?", "?")
+        exit_ = (self._result.executable.last_exit if self._result is not None else
+                 getattr(self, "_exit", None)) or ("?", "?", "?")
+        if exit_[0] == "error":
+            return f"{ex.name}: the graph fails on these inputs ({exit_[1]}: {exit_[2]})"
         held = ", ".join(f"{ex.output_names[i]} ({kind}) == {value!r}"
                          for i, kind, value in ex.guards) or "no value guard"
         what = "branched on" if exit_[0] == "bool" else "read as a Python number"
