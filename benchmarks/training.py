@@ -33,6 +33,7 @@ from _common import busy_neighbour, fmt_time, median_time, optional, print_table
 import hybridnet as hn  # noqa: E402
 import hybridnet.nn.functional as F  # noqa: E402
 from hybridnet import nn  # noqa: E402
+from hybridnet.cli_bench import numpy_train_step  # noqa: E402
 
 SIZES = (784, 256, 256, 10)
 
@@ -73,27 +74,7 @@ def _hn_step(model, opt, forward):
 
 def _numpy_step(ws):
     """A hand-written NumPy forward, backward and SGD step on [(W, b), ...]."""
-    def step(x, y):
-        acts = [x]
-        for i, (w, b) in enumerate(ws):
-            z = acts[-1] @ w.T + b
-            acts.append(np.maximum(z, 0) if i < len(ws) - 1 else z)
-        z = acts[-1]
-        e = np.exp(z - z.max(1, keepdims=True))
-        p = e / e.sum(1, keepdims=True)
-        loss = -np.log(p[np.arange(len(y)), y]).mean()
-        g = p
-        g[np.arange(len(y)), y] -= 1
-        g /= len(y)
-        for i in range(len(ws) - 1, -1, -1):
-            w, b = ws[i]
-            gw, gb = g.T @ acts[i], g.sum(0)
-            if i:
-                g = (g @ w) * (acts[i] > 0)
-            w -= LR * gw
-            b -= LR * gb
-        return loss
-    return step
+    return lambda x, y: numpy_train_step(ws, x, y, LR)
 
 
 def _torch_rows(torch, a, labels, repeat):

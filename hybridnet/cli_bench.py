@@ -180,8 +180,11 @@ class MLP(Workload):
         return lambda: f(params, x).block_until_ready()
 
 
-def _np_train_step(ws, x, y):
-    """A hand-written forward, softmax cross-entropy, backward and SGD update."""
+def numpy_train_step(ws, x, y, lr=None):
+    """A hand-written NumPy MLP training step on [(W, b), ...] (ReLU between layers):
+    forward, softmax cross-entropy, backward and an SGD update of `ws` in place (`lr`
+    default LR); returns the loss. Also benchmarks/training.py's NumPy row."""
+    lr = LR if lr is None else lr
     acts = _np_forward(ws, x)
     z = acts[-1]
     e = np.exp(z - z.max(1, keepdims=True))
@@ -195,8 +198,8 @@ def _np_train_step(ws, x, y):
         gw, gb = g.T @ acts[i], g.sum(0)
         if i:
             g = (g @ w) * (acts[i] > 0)
-        w -= LR * gw
-        b -= LR * gb
+        w -= lr * gw
+        b -= lr * gb
     return loss
 
 
@@ -220,7 +223,7 @@ class MLPTrain(MLP):
 
     def numpy(self, data):
         ws = [(w.copy(), b.copy()) for w, b in data["ws"]]
-        return lambda: _np_train_step(ws, data["x"], data["y"])
+        return lambda: numpy_train_step(ws, data["x"], data["y"])
 
     def torch(self, torch, data, wrap):
         model = _torch_mlp(torch, data["ws"])
