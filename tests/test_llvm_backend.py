@@ -643,3 +643,20 @@ def test_language_model_training_step_compiles_with_llvm_and_trains_as_eager():
         np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-6)
     assert traced.stats.compiled_calls >= 2
     assert compiled_by(traced)[0] == "llvm"
+
+
+def test_a_bool_sum_is_a_logical_or_as_in_numpy():
+    """Regression: the llvm backend added i1 values (xor): two Trues summed to False;
+    the registry keeps the bool dtype, a logical or (np.add.reduce with dtype=bool)."""
+    from hybridnet.dispatch import apply
+
+    fn = hn.trace(lambda m: apply("sum", (m,), {"dims": (1,), "keepdim": False}),
+                  backend="llvm")
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        m = rng.random((5, 7)) < 0.5
+        m[0] = [True, True, False, False, False, False, False]
+        m[1] = False
+        got = fn(hn.tensor(m))
+        np.testing.assert_array_equal(got.numpy(), np.any(m, axis=1))
+    assert fn.stats.compiled_calls >= 1

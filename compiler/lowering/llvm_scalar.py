@@ -248,6 +248,8 @@ def combine(b, node, acc, v, dtype):
     if kind == "add":
         if isinstance(acc.type, (ir.FloatType, ir.DoubleType)):
             return b.fadd(acc, v, flags=FAST)
+        if acc.type == I1:  # (a bool sum is NumPy's logical or: add on i1 is xor)
+            return b.or_(acc, v)
         return b.add(acc, v)
     if isinstance(acc.type, (ir.FloatType, ir.DoubleType)):
         pick = b.or_(b.fcmp_ordered(">" if kind == "max" else "<", v, acc),
