@@ -115,6 +115,18 @@ def _power(a, b):
     return np.power(a, b)
 
 
+def _pow_refusal(node):
+    """Integer powers compile only with a constant exponent of no negative value: NumPy
+    raises for a negative one, compiled code would not."""
+    if node.dtype.kind not in "iu":
+        return None
+    expo = node.inputs[1]
+    if expo.op == "const" and np.all(np.asarray(expo.attrs["value"]) >= 0):
+        return None
+    return ("pow: an integer power with an exponent tensor runs eagerly (a negative "
+            "exponent raises there, as in NumPy)")
+
+
 def _cast(x, dtype):
     return x.astype(dtype)
 
@@ -202,7 +214,7 @@ _binary("div", _quiet(np.true_divide), (lambda e, g, x, o, a: e("div", g, x[1]),
                                 lambda e, g, x, o, a: e("neg", e("div", e("mul", g, o), x[1]))),
         _BOTH, float_only=True, identity=1, zeros="first")
 _binary("pow", _quiet(_power), (_pow_base_grad, _pow_exponent_grad), _BOTH, allow_bool=False,
-        identity=1)
+        identity=1, refuse=_pow_refusal)
 _binary("maximum", np.maximum, (_max_grad(True), _max_grad(False)), _IN, commutative=True)
 _binary("minimum", np.minimum, (_max_grad(False), _max_grad(True)), _IN, commutative=True)
 

@@ -79,6 +79,9 @@ class OpDef:
     # x @ 0), "first" (0 / x, a movement or sum of zeros, take from zeros), "all" (0 + 0,
     # a cat of zeros); None: no such fact
     zeros: str = None
+    # refuse(node) -> why no backend may compile this node (its run-time check is eager's
+    # alone: an integer power's negative exponent raises), or None
+    refuse: Callable = None
 
     @property
     def differentiable(self) -> bool:
@@ -103,6 +106,12 @@ class OpDef:
 
 
 REGISTRY: dict[str, OpDef] = {}
+
+
+def lowering_refusal(node) -> str | None:
+    """Why no backend may compile `node` (OpDef.refuse), or None."""
+    refuse = REGISTRY[node.op].refuse
+    return None if refuse is None else refuse(node)
 
 
 def register(op: OpDef) -> OpDef:

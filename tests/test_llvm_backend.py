@@ -660,3 +660,20 @@ def test_a_bool_sum_is_a_logical_or_as_in_numpy():
         got = fn(hn.tensor(m))
         np.testing.assert_array_equal(got.numpy(), np.any(m, axis=1))
     assert fn.stats.compiled_calls >= 1
+
+
+@pytest.mark.parametrize("backend", ["llvm", "numba"])
+def test_an_integer_power_of_an_exponent_tensor_runs_eagerly_and_raises_as_eager(backend):
+    """Regression: compiled code gave 0 ** -1 = -2**63 where eager raises."""
+    fn = hn.trace(lambda a, e: a ** e, backend=backend)
+    a, e = hn.tensor([2, 3]), hn.tensor([1, 2])
+    for _ in range(3):
+        np.testing.assert_array_equal(fn(a, e).numpy(), [2, 9])
+    with pytest.raises(hn.OpError, match="negative integer powers"):
+        fn(a, hn.tensor([-1, 2]))
+    assert fn.stats.compiled_calls == 0 and "exponent tensor runs eagerly" in str(
+        fn.stats.events)
+    square = hn.trace(lambda a: a ** 2, backend=backend)  # a constant exponent compiles
+    for _ in range(3):
+        np.testing.assert_array_equal(square(a).numpy(), [4, 9])
+    assert square.stats.compiled_calls >= 1

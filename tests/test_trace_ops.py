@@ -33,6 +33,8 @@ EAGER = {
     # size-0 dims: check_supported runs any graph with an empty intermediate eagerly (a
     # size-generic kernel must never meet the empty edge cases: reductions without
     # identity, gathers from nothing); there is nothing to compute anyway.
+    # an integer power's exponent tensor may hold a negative value, which eager raises for
+    "pow-int": "exponent tensor runs eagerly",
     "neg-size0": "size-0 dims",
     "div-size0": "size-0 dims",
     "lt-size0": "size-0 dims",

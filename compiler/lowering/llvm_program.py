@@ -10,6 +10,7 @@ import numpy as np
 from ..errors import LoweringError
 from ..ir import pad_shape as _pad
 from ..loop import is_loop
+from ..registry import lowering_refusal
 from .llvm_arena import ALIGN
 
 ENTRY = "hn_entry"
@@ -45,6 +46,9 @@ def check_llvm_supported(graph, loops=False) -> None:
             check_llvm_supported(node.attrs["spec"].body, loops)
         if any(d == 0 for d in node.shape):
             raise LoweringError(f"{node.op}: size-0 dims are run eagerly ({node.type_str()})")
+        why = lowering_refusal(node)
+        if why:
+            raise LoweringError(why)
         for v in (node, *node.inputs):
             dt = np.dtype(v.dtype)
             if dt.kind not in DTYPE_KINDS or (dt.kind == "f" and dt.itemsize not in (4, 8)):

@@ -18,6 +18,7 @@ import os
 from ..errors import LoweringError
 from ..loop import is_loop
 from ..passes.fusion import LoopGroup, NodeUnit, partition
+from ..registry import lowering_refusal
 from . import node_rules
 from .buffers import BufferPlanner
 from .emit import (
@@ -158,6 +159,9 @@ def check_supported(graph) -> None:
             raise LoweringError(f"the numba backend cannot lower op {node.op!r} yet")
         if any(d == 0 for d in node.shape):
             raise LoweringError(f"{node.op}: size-0 dims are run eagerly ({node.type_str()})")
+        why = lowering_refusal(node)
+        if why:
+            raise LoweringError(why)
 
 
 __all__ = ["LoopGroup", "NodeUnit", "Program", "LoweringError", "lower", "check_supported",
