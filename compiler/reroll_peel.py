@@ -315,20 +315,49 @@ def _zeros_const(like) -> Node:
 
 
 def _commit(g, loop, added, replace) -> bool:
-    """Put the new nodes in, redirect uses, and order the graph (False, with g as it was,
-    when the redirections would make a cycle)."""
-    nodes = [n for n in g.nodes if n is not loop and id(n) not in replace] + added
+    """Put the new nodes where the old loop was, redirect uses, and keep the graph in
+    execution order, each loop's projections right after it, as lowering expects (False,
+    with g as it was, when the redirections would make a cycle)."""
+    at = g.nodes.index(loop)
+    kept = [n for n in g.nodes if id(n) not in replace]
+    at = sum(1 for n in g.nodes[:at] if id(n) not in replace)
+    nodes = kept[:at] + added + kept[at + 1:]
     saved = {id(n): n.inputs for n in nodes}
     for n in nodes:
         n.inputs = tuple(_final(replace, i) for i in n.inputs)
-    order = _topological(nodes)
+    order = nodes if _in_order(nodes) else _topological(nodes)
     if order is None:
         for n in nodes:
             n.inputs = saved[id(n)]
         return False
-    g.nodes = order
+    g.nodes = _projections_after_loops(order)
     g.outputs = [_final(replace, o) for o in g.outputs]
     return True
+
+
+def _in_order(nodes) -> bool:
+    seen = set()
+    for n in nodes:
+        if any(id(i) not in seen for i in n.inputs):
+            return False
+        seen.add(id(n))
+    return True
+
+
+def _projections_after_loops(order) -> list:
+    """`order` with every loop_out moved to right after its loop (valid: it reads only
+    the loop)."""
+    outs = {}
+    for n in order:
+        if n.op == "loop_out":
+            outs.setdefault(id(n.inputs[0]), []).append(n)
+    result = []
+    for n in order:
+        if n.op == "loop_out":
+            continue
+        result.append(n)
+        result.extend(sorted(outs.get(id(n), ()), key=lambda o: o.attrs["index"]))
+    return result
 
 
 def _final(replace, node):

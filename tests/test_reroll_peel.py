@@ -138,3 +138,57 @@ def test_a_language_model_step_traced_equals_eager_with_less_code(monkeypatch):
     rolled = reroll(graph)[0]
     plain = _without_absorption(monkeypatch, graph)
     assert len(_outside(rolled)) < 0.8 * len(_outside(plain))
+
+
+def _weighted_step_graph(kind, steps):
+    """The trace graph of a whole training step (Adam) of a loss weighting each step's
+    output by a per-step tensor."""
+    hn.manual_seed(0)
+    cell = CELLS[kind](4, 5)
+    opt = hn.optim.Adam(cell.parameters(), lr=0.01, weight_decay=0.01)
+
+    def step(xs, w):
+        opt.zero_grad()
+        h, c, outs = hn.zeros(3, 5), hn.zeros(3, 5), []
+        for t in range(xs.shape[0]):
+            if kind == "lstm":
+                h, c = cell(xs[t], (h, c))
+            else:
+                h = cell(xs[t], h)
+            outs.append(h)
+        loss = (hn.stack(outs) * w[:len(outs)].reshape(-1, 1, 1)).sum()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    traced = hn.trace(step)
+    xs, w = hn.randn(steps, 3, 4), hn.randn(50)
+    for _ in range(2):
+        traced(xs, w)
+    return next(iter(traced.specializations.values())).traces[0].tg.graph
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm"])
+@pytest.mark.parametrize("steps", [3, 4, 12])
+def test_absorbed_graphs_keep_execution_order_and_projections_after_their_loop(kind,
+                                                                               steps):
+    """Regression: the rewrite ordered the graph by a depth-first sort, which put a
+    loop's projections away from it; the numba backend's split driver then read a
+    projection in a kernel before the one that computed it (UnboundLocalError)."""
+    graph = _weighted_step_graph(kind, steps)
+    rolled, _ = reroll(graph)
+    rolled.verify()  # (every node after its inputs)
+    for i, node in enumerate(rolled.nodes):
+        if node.op == "loop":
+            n_outs = sum(1 for n in rolled.nodes if n.op == "loop_out" and n.inputs[0] is node)
+            following = rolled.nodes[i + 1:i + 1 + n_outs]
+            assert all(n.op == "loop_out" and n.inputs[0] is node for n in following)
+    joint, arrays = _joint(kind, steps)
+    rolled, _ = reroll(joint)
+    rolled.verify()  # (every node after its inputs)
+    for i, node in enumerate(rolled.nodes):
+        if node.op == "loop":
+            n_outs = sum(1 for n in rolled.nodes if n.op == "loop_out" and n.inputs[0] is node)
+            following = rolled.nodes[i + 1:i + 1 + n_outs]
+            assert all(n.op == "loop_out" and n.inputs[0] is node for n in following)
+    for a, b in zip(joint.run(*arrays), rolled.run(*arrays)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
