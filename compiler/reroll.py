@@ -59,8 +59,10 @@ def reroll(graph: Graph) -> tuple:
         region = _find_region(g)
         if region is None:
             break
-        if absorb_front(g, _rewrite(g, region)):
+        loop = _rewrite(g, region)
+        if absorb_front(g, loop):
             DeadCodeElimination().run(g)
+        loop.attrs["spec"].raw_body = None  # (only absorb_front reads it)
         made += 1
     if made:
         pick_single_steps(g)

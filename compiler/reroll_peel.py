@@ -162,7 +162,7 @@ def _instantiate(spec, loop, reads, k, keys):
     """Per new step (earliest first): the body's outputs (nodes or _Zero), or None when
     a zero reaches an op whose zero algebra is unknown."""
     nc, ni = spec.n_carried, spec.n_invariant
-    body = getattr(spec, "raw_body", spec.body)  # (as recorded, like the peeled steps)
+    body = getattr(spec, "raw_body", None) or spec.body  # (as recorded, like the peeled)
     invariants = loop.inputs[nc:nc + ni]
     carried = [_Zero(i.shape, i.dtype) for i in loop.inputs[:nc]]
     steps = []
