@@ -167,6 +167,16 @@ def _weighted_step_graph(kind, steps):
     return next(iter(traced.specializations.values())).traces[0].tg.graph
 
 
+def _assert_in_order(rolled):
+    """Every node after its inputs, and each loop's projections right after it."""
+    rolled.verify()
+    for i, node in enumerate(rolled.nodes):
+        if node.op == "loop":
+            n_outs = sum(1 for n in rolled.nodes if n.op == "loop_out" and n.inputs[0] is node)
+            following = rolled.nodes[i + 1:i + 1 + n_outs]
+            assert all(n.op == "loop_out" and n.inputs[0] is node for n in following)
+
+
 @pytest.mark.parametrize("kind", ["gru", "lstm"])
 @pytest.mark.parametrize("steps", [3, 4, 12])
 def test_absorbed_graphs_keep_execution_order_and_projections_after_their_loop(kind,
@@ -176,19 +186,9 @@ def test_absorbed_graphs_keep_execution_order_and_projections_after_their_loop(k
     projection in a kernel before the one that computed it (UnboundLocalError)."""
     graph = _weighted_step_graph(kind, steps)
     rolled, _ = reroll(graph)
-    rolled.verify()  # (every node after its inputs)
-    for i, node in enumerate(rolled.nodes):
-        if node.op == "loop":
-            n_outs = sum(1 for n in rolled.nodes if n.op == "loop_out" and n.inputs[0] is node)
-            following = rolled.nodes[i + 1:i + 1 + n_outs]
-            assert all(n.op == "loop_out" and n.inputs[0] is node for n in following)
+    _assert_in_order(rolled)
     joint, arrays = _joint(kind, steps)
     rolled, _ = reroll(joint)
-    rolled.verify()  # (every node after its inputs)
-    for i, node in enumerate(rolled.nodes):
-        if node.op == "loop":
-            n_outs = sum(1 for n in rolled.nodes if n.op == "loop_out" and n.inputs[0] is node)
-            following = rolled.nodes[i + 1:i + 1 + n_outs]
-            assert all(n.op == "loop_out" and n.inputs[0] is node for n in following)
+    _assert_in_order(rolled)
     for a, b in zip(joint.run(*arrays), rolled.run(*arrays)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
