@@ -238,6 +238,7 @@ class LoadedFunction:
     def __init__(self, exported, backend=None):
         self.exported = exported
         self._weights = exported.weight_arrays()
+        self._exit = ("?", "?", "?")  # (kind, value at export, value now) of a failed guard
         try:
             self._result = _compiled(exported, backend)
             self.backend = self._result.backend
@@ -259,8 +260,14 @@ class LoadedFunction:
         return _rebuild(ex.result_spec, leaves)
 
     def _run(self, arrays):
+        """The outputs, or SIDE_EXIT when a value guard fails as eager computes it: a guard
+        that fails in compiled code is checked again by the reference interpreter, which
+        computes as eager does (compiled code may sum in another order, and a float read
+        with .item() is compared bit for bit)."""
         if self._result is not None:
-            return self._result.executable.run(arrays)
+            out = self._result.executable.run(arrays)
+            if not isinstance(out, Outcome):
+                return out
         ex = self.exported
         outs = ex.graph.run(*arrays)
         for index, kind, expected in ex.guards:
@@ -293,10 +300,7 @@ class LoadedFunction:
 
     def _guard_message(self) -> str:
         ex = self.exported
-        exit_ = (self._result.executable.last_exit if self._result is not None else
-                 getattr(self, "_exit", None)) or ("?", "?", "?")
-        if exit_[0] == "error":
-            return f"{ex.name}: the graph fails on these inputs ({exit_[1]}: {exit_[2]})"
+        exit_ = self._exit  # (set by the interpreter's check in _run)
         held = ", ".join(f"{ex.output_names[i]} ({kind}) == {value!r}"
                          for i, kind, value in ex.guards) or "no value guard"
         what = "branched on" if exit_[0] == "bool" else "read as a Python number"

@@ -117,6 +117,18 @@ def test_the_branch_not_taken_raises_naming_the_guard():
         loaded(-hn.ones(3))
 
 
+def test_a_float_read_as_a_number_holds_for_the_example_and_fails_for_others():
+    """Compiled code sums in another order than eager: the float a guard compares bit for
+    bit is checked again as eager computes it (the interpreter) before refusing."""
+    hn.manual_seed(0)
+    for n in (10, 1000, 100_000):
+        x = hn.randn(n)
+        loaded = loads(hn.export(lambda x: x * x.sum().item(), x))
+        _close(loaded(x), x * x.sum().item(), tol=0)
+        with pytest.raises(ExportError, match="read as a Python number"):
+            loaded(x * 2)
+
+
 def test_inputs_are_checked_by_name_and_numpy_arrays_are_taken():
     fn, args = _cases()["rnn"]
     loaded = loads(hn.export(fn, *args))
