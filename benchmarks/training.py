@@ -33,7 +33,7 @@ from _common import busy_neighbour, fmt_time, median_time, optional, print_table
 import hybridnet as hn  # noqa: E402
 import hybridnet.nn.functional as F  # noqa: E402
 from hybridnet import nn  # noqa: E402
-from hybridnet.cli_bench import numpy_train_step  # noqa: E402
+from hybridnet.cli_bench import numpy_train_step, training_step  # noqa: E402
 
 SIZES = (784, 256, 256, 10)
 
@@ -60,16 +60,6 @@ def _hn_model():
     hn.manual_seed(0)
     return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
                          nn.Linear(256, 10))
-
-
-def _hn_step(model, opt, forward):
-    def step(x, y):
-        opt.zero_grad()
-        loss = F.cross_entropy(forward(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-    return step
 
 
 def _numpy_step(ws):
@@ -147,7 +137,7 @@ def bench_w2(quick):
         model = _hn_model()
         opt = hn.optim.SGD(model.parameters(), lr=LR)
         forward = hn.trace(model, backend="numba") if how == "model" else model
-        step = _hn_step(model, opt, forward)
+        step = training_step(forward, opt)
         if how in ("step", "llvm"):
             step = hn.trace(step, backend="numba" if how == "step" else "llvm")
         start = time.perf_counter()
@@ -319,12 +309,7 @@ def _hn_lm(batches, traced):
     model = _LM()
     opt = hn.optim.SGD(model.parameters(), lr=0.1)
 
-    def step(x, y):
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
+    step = training_step(model, opt)
     fn = hn.trace(step) if traced else step
     data = [(hn.from_numpy(x), hn.from_numpy(y)) for x, y in batches]
     times = []

@@ -145,17 +145,18 @@ class _Reads:
                       for d, s in enumerate(self.base.shape))
         return Node("slice", (self.base,), {"index": index}, shape, self.base.dtype)
 
-    def padded(self):
-        """The base the new loop reads (`base` joined with zero windows)."""
+    def padded(self) -> list:
+        """The new nodes of the base the new loop reads, ending with that base (`base`
+        joined with zero windows), or just `[base]`."""
         if not self.pad:
-            return self.base
+            return [self.base]
         dim = self.old.dim
         shape = tuple(self.pad if d == dim else s for d, s in enumerate(self.base.shape))
         zeros = _zeros_const(_Zero(shape, self.base.dtype))
         parts = (zeros, self.base) if self.front else (self.base, zeros)
         out = tuple(self.size + self.pad if d == dim else s
                     for d, s in enumerate(self.base.shape))
-        return Node("cat", parts, {"dim": dim}, out, self.base.dtype)
+        return [zeros, Node("cat", parts, {"dim": dim}, out, self.base.dtype)]
 
 
 def _instantiate(spec, loop, reads, k, keys):
@@ -228,7 +229,8 @@ def _rewrite(g, loop, reads, steps, keys) -> bool:
     spec = loop.attrs["spec"]
     nc, ni, k = spec.n_carried, spec.n_invariant, len(steps)
     zeros = [_zeros_const(i) for i in loop.inputs[:nc]]
-    bases = [r.padded() for r in reads]
+    padded = [r.padded() for r in reads]
+    bases = [p[-1] for p in padded]
     new_spec = LoopSpec(spec.body, nc, ni, [r.seq for r in reads], spec.collects,
                         spec.trip + k, spec.picks)
     new_loop = Node("loop", tuple(zeros) + loop.inputs[nc:nc + ni] + tuple(bases),
@@ -236,9 +238,7 @@ def _rewrite(g, loop, reads, steps, keys) -> bool:
     types = new_spec.output_types([i.shape for i in new_loop.inputs])
     outs = [Node("loop_out", (new_loop,), {"index": i}, shape, dtype)
             for i, (shape, dtype) in enumerate(types)]
-    padding = [n for r, b in zip(reads, bases) if b is not r.base
-               for n in (b.inputs[0] if r.front else b.inputs[1], b)]
-    added = zeros + padding + [new_loop] + outs
+    added = zeros + [n for p in padded if len(p) > 1 for n in p] + [new_loop] + outs
     replace = {}
     trip = new_spec.trip_of([b.shape for b in new_loop.inputs[nc + ni:]])
     old_outs = [n for n in g.nodes if n.op == "loop_out" and n.inputs[0] is loop]

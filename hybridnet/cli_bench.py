@@ -180,6 +180,18 @@ class MLP(Workload):
         return lambda: f(params, x).block_until_ready()
 
 
+def training_step(forward, opt):
+    """The training step users write: zero_grad, cross-entropy of `forward(x)` against
+    `y`, backward, step; returns the detached loss (also benchmarks/training.py's)."""
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(forward(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    return step
+
+
 def numpy_train_step(ws, x, y, lr=None):
     """A hand-written NumPy MLP training step on [(W, b), ...] (ReLU between layers):
     forward, softmax cross-entropy, backward and an SGD update of `ws` in place (`lr`
@@ -213,13 +225,7 @@ class MLPTrain(MLP):
         model = _hn_mlp(data["size"])
         opt = hn.optim.SGD(model.parameters(), lr=LR)
 
-        def train_step(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss.detach()
-        return train_step, (hn.from_numpy(data["x"]), hn.tensor(data["y"])), True
+        return training_step(model, opt), (hn.from_numpy(data["x"]), hn.tensor(data["y"])), True
 
     def numpy(self, data):
         ws = [(w.copy(), b.copy()) for w, b in data["ws"]]

@@ -323,7 +323,7 @@ def _identity_checks(b) -> list:
                 lambda flat, i=i, k=k, ref=ref, packed=packed:
                     (flat[i].items[k] if packed else flat[i]) is ref(),
                 f"tensor argument {i}{f' item {k}' if packed else ''} is the tensor the "
-                "function also reaches by name"))
+                "function also reaches by name", aliases=True))
     return checks
 
 

@@ -37,7 +37,7 @@ def capture(fn, args, name=None) -> tuple:
     if isinstance(tg, Exception):
         raise ExportError(f"export {label}: the call cannot be captured as a graph: {tg}")
     _refuse_state(tg, label)
-    if tg.checks and any("also reaches by name" in c.text for c in tg.checks):
+    if any(c.aliases for c in tg.checks):
         raise ExportError(f"export {label}: a tensor argument is also a tensor the function "
                           "reaches by name (a parameter, global or closure tensor); the "
                           "graph would read it from the argument: pass a copy (t.clone())")

@@ -18,13 +18,15 @@ _MISSING = object()
 
 
 class Check:
-    """One assumption about state the trace read: `holds(flat)`, and what it says."""
+    """One assumption about state the trace read: `holds(flat)`, and what it says.
+    `aliases`: it says an argument is a tensor the function also reaches by name."""
 
-    __slots__ = ("holds", "text")
+    __slots__ = ("holds", "text", "aliases")
 
-    def __init__(self, holds, text: str):
+    def __init__(self, holds, text: str, aliases: bool = False):
         self.holds = holds
         self.text = text
+        self.aliases = aliases
 
     def __repr__(self) -> str:
         return f"Check({self.text})"
