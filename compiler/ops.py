@@ -239,5 +239,6 @@ register(OpDef(
 
 from . import (  # noqa: E402,F401  (the remaining primitives; loop nodes for compiler.reroll)
     loop,
+    ops_conv,
     ops_structural,
 )

@@ -75,7 +75,33 @@ def _scatter_add_ref(src, idx, dim, size):
     return out
 
 
+def _window_positions(shape, kernel, dilation, stride):
+    """(n, i, j, c, p, q, row, col) of every window element, by plain loops."""
+    n, oh, ow, c, kh, kw = shape
+    for pos in np.ndindex(n, oh, ow, c, kh, kw):
+        _, i, j, _, p, q = pos
+        yield pos, i * stride[0] + p * dilation[0], j * stride[1] + q * dilation[1]
+
+
+def _unfold_ref(x, kernel, dilation, stride):
+    n, c, h, w = x.shape
+    oh = (h - dilation[0] * (kernel[0] - 1) - 1) // stride[0] + 1
+    ow = (w - dilation[1] * (kernel[1] - 1) - 1) // stride[1] + 1
+    out = np.zeros((n, oh, ow, c) + tuple(kernel), x.dtype)
+    for pos, row, col in _window_positions(out.shape, kernel, dilation, stride):
+        out[pos] = x[pos[0], pos[3], row, col]
+    return out
+
+
+def _fold_ref(cols, size, kernel, dilation, stride):
+    out = np.zeros((cols.shape[0], cols.shape[3]) + tuple(size), cols.dtype)
+    for pos, row, col in _window_positions(cols.shape, kernel, dilation, stride):
+        out[pos[0], pos[3], row, col] += cols[pos]
+    return out
+
+
 REFS = {
+    "unfold": _unfold_ref, "fold": _fold_ref,
     "neg": np.negative, "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "sin": np.sin,
     "cos": np.cos, "tanh": np.tanh, "abs": np.abs,
     "sign": lambda x: np.sign(x) if x.dtype != bool else x,
@@ -127,6 +153,10 @@ def _binary(op, lo=-2.0, hi=2.0, lo2=-2.0, hi2=2.0, away2=0.0):
             P(op, "scalar", (a((2, 3)), S(0.75))), P(op, "size0", (a((0, 3)), b((1, 3)))),
             P(op, "T-step", (a((3, 4), "T"), b((4,), "step"))),
             P(op, "bcast3", (a((2, 1, 3), "flip"), b((4, 1))))]
+
+
+def _win(kernel, dilation=(1, 1), stride=(1, 1)) -> dict:
+    return {"kernel": kernel, "dilation": dilation, "stride": stride}
 
 
 _TIES_A = V([[1.0, 2.0, 3.0], [-1.0, 0.5, 2.0]])
@@ -215,6 +245,14 @@ CASES = (
        P("scatter_add", "repeat", (R((2, 3)), np.array([1, 1, 0])), {"dim": 1, "size": 4}),
        P("scatter_add", "2d-index", (R((2, 2, 3)), np.array([[0, 2], [2, 1]])),
          {"dim": 0, "size": 3}),
+       P("unfold", "3x3", (R((2, 3, 5, 4)),), _win((3, 3))),
+       P("unfold", "stride-dilation", (R((1, 2, 9, 7), layout="T"),), _win((2, 3), (2, 1), (3, 2))),
+       P("unfold", "1x1", (R((2, 1, 3, 3), layout="step"),), _win((1, 1))),
+       P("fold", "3x3", (R((2, 3, 2, 3, 3, 3)),), {"size": (5, 4), **_win((3, 3))}),
+       P("fold", "stride-dilation", (R((1, 3, 3, 2, 2, 3)),),
+         {"size": (9, 7), **_win((2, 3), (2, 1), (3, 2))}),
+       P("fold", "gaps", (R((1, 2, 2, 1, 2, 2)),),
+         {"size": (7, 7), **_win((2, 2), (1, 1), (4, 4))}),
        P("matmul", "2d", (R((2, 3)), R((3, 4)))),
        P("matmul", "batched-bcast", (R((2, 1, 2, 3)), R((3, 3, 2)))),
        P("matmul", "T-step", (R((2, 3), layout="T"), R((3, 2), layout="step"))),

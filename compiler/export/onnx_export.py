@@ -414,6 +414,8 @@ CONVERTERS = {
 """Op name -> converter(builder, node, input value names) -> the node's value name."""
 
 UNSUPPORTED = {
+    "unfold": "sliding windows (im2col) have no ONNX converter yet",
+    "fold": "adding windows back (col2im) has no ONNX converter yet",
     "loop": "a rerolled loop is compiler-internal: exported graphs are captured before "
             "rerolling (export the unrolled graph)",
     "loop_out": "a loop's projection is compiler-internal: exported graphs are captured "

@@ -13,6 +13,7 @@ from ..loop import is_loop, traced_trip
 from ..registry import REGISTRY
 from .loop_rule import emit_loop, emit_loop_out
 from .rules import is_reduction
+from .window_rules import fold, unfold
 
 
 def _tuple(parts) -> str:
@@ -307,7 +308,7 @@ NODE_RULES = {
     "loop": emit_loop, "loop_out": emit_loop_out,
     "reshape": _reshape, "permute": _permute, "slice": _slice, "pad_slice": _pad_slice,
     "cat": _cat, "matmul": _matmul, "take": _take, "scatter_add": _scatter_add,
-    "argmax": _argreduce, "argmin": _argreduce,
+    "argmax": _argreduce, "argmin": _argreduce, "unfold": unfold, "fold": fold,
 }
 
 

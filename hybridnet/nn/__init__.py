@@ -1,6 +1,18 @@
 """hybridnet.nn: Module, Parameter, layers and losses (PyTorch names and defaults)."""
 
 from . import functional, init
+from .conv_layers import (
+    AdaptiveAvgPool2d,
+    AvgPool1d,
+    AvgPool2d,
+    BatchNorm1d,
+    BatchNorm2d,
+    Conv1d,
+    Conv2d,
+    ConvTranspose2d,
+    MaxPool1d,
+    MaxPool2d,
+)
 from .layers import (
                      GELU,
                      BCEWithLogitsLoss,

@@ -15,6 +15,15 @@ from ..dispatch import apply
 from ..functional import gelu, log_softmax, relu, sigmoid, silu, softmax, tanh, where  # noqa: F401
 from ..shape import reshape
 from ..tensor import literal, wrap
+from .conv import conv1d, conv2d, conv_transpose2d, pad  # noqa: F401
+from .pooling import (  # noqa: F401
+    adaptive_avg_pool2d,
+    avg_pool1d,
+    avg_pool2d,
+    batch_norm,
+    max_pool1d,
+    max_pool2d,
+)
 
 
 def linear(input, weight, bias=None):
