@@ -118,6 +118,18 @@ EXTRA = (
        P("permute", "onnx-identity", (R((2, 3)),), {"dims": (0, 1)}),
        P("mul", "onnx-const-f", (R((2, 3)), S(-1.5))),
        P("add", "onnx-0d-int", (np.array(3, np.int64), I64T), grad=False)]
+    + [P("unfold", "onnx-int64", (np.arange(2 * 2 * 5 * 6).reshape(2, 2, 5, 6),),
+         {"kernel": (2, 3), "dilation": (2, 1), "stride": (1, 2)}, grad=False),
+       P("unfold", "onnx-bool", (np.arange(30).reshape(1, 2, 3, 5) % 3 == 0,),
+         {"kernel": (2, 2), "dilation": (1, 1), "stride": (1, 1)}, grad=False),
+       P("unfold", "onnx-empty-batch", (R((0, 2, 4, 4)),),
+         {"kernel": (3, 3), "dilation": (1, 1), "stride": (1, 1)}),
+       P("fold", "onnx-int64", (np.arange(2 * 2 * 2 * 3 * 2 * 2).reshape(2, 2, 2, 3, 2, 2),),
+         {"size": (3, 3), "kernel": (2, 2), "dilation": (1, 1), "stride": (1, 1)}, grad=False),
+       P("fold", "onnx-bool", (np.arange(36).reshape(1, 3, 3, 1, 2, 2) % 4 == 0,),
+         {"size": (4, 4), "kernel": (2, 2), "dilation": (1, 1), "stride": (1, 1)}, grad=False),
+       P("fold", "onnx-empty-batch", (R((0, 2, 2, 3, 3, 3)),),
+         {"size": (4, 4), "kernel": (3, 3), "dilation": (1, 1), "stride": (1, 1)})]
 )
 ALL_CASES = CASES + EXTRA
 
@@ -328,6 +340,52 @@ def test_a_float64_model_stays_float64():
     assert model_proto.graph.output[0].type.tensor_type.elem_type == double
     assert all(i.data_type == double for i in model_proto.graph.initializer
                if i.name in exported.weights)
+
+
+class _SmallCNN(nn.Module):
+    """Conv, batch norm, pools (max, avg with ceil_mode, adaptive), grouped and strided
+    conv, a transposed-conv branch: every conv and pool is unfold/fold underneath."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.pool = nn.MaxPool2d(2)
+        self.conv2 = nn.Conv2d(4, 6, 3, stride=2, groups=2)
+        self.avg = nn.AvgPool2d(2, ceil_mode=True)
+        self.gap = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(6, 3)
+        self.up = nn.ConvTranspose2d(6, 2, 3, stride=2, output_padding=1)
+
+    def forward(self, x):
+        h = self.pool(F.relu(self.bn(self.conv1(x))))
+        h = self.conv2(h)  # (N, 6, 3, 3)
+        logits = self.fc(hn.flatten(self.gap(self.avg(h)), 1))
+        return logits, self.up(h)
+
+
+def test_a_small_cnn_exported_with_hn_export_matches_hybridnet():
+    hn.manual_seed(7)
+    model = _SmallCNN()
+    x = hn.randn(2, 1, 14, 14)
+    model.train()
+    model(x * 2.0 + 0.5)  # one training-mode forward: running stats move off 0 and 1
+    assert not np.allclose(model.bn.running_mean.numpy(), 0.0)
+    model.eval()  # export refuses graphs that update state
+    data = hn.export(model, x, format="onnx")
+    graph_ops = {n.op_type for n in onnx.load_from_string(data).graph.node}
+    assert {"Gather", "ScatterElements"} <= graph_ops  # unfold and fold
+    rng = np.random.default_rng(8)
+    fresh = rng.standard_normal((2, 1, 14, 14)).astype(np.float32)
+    session = _session(data)
+    (name,) = [i.name for i in session.get_inputs()]
+    for arg in (x.numpy(), fresh):
+        got = session.run(None, {name: arg})
+        with hn.no_grad():
+            want = model(hn.from_numpy(arg))
+        assert len(got) == 2 and got[0].shape == (2, 3) and got[1].shape == (2, 2, 8, 8)
+        for g, w in zip(got, want, strict=True):
+            _assert_same(g, w.numpy(), rtol=1e-5, atol=1e-6)
 
 
 # ---- guards, names, opsets ---------------------------------------------------------------------

@@ -10,9 +10,11 @@ from llvmlite import ir
 from ..errors import LoweringError
 from ..ir import pad_shape as _pad
 from . import llvm_scalar as S
+from .llvm_argreduce import argreduce
 from .llvm_buf import I32, I64, Buf, contiguous
 from .llvm_gather import scatter_add, take
 from .llvm_loop import emit_loop
+from .llvm_window import fold, unfold
 
 
 def _view(em, node, shape, strides, offset):
@@ -168,6 +170,7 @@ def _loop(em, node):
 NODE_RULES = {"reshape": _reshape, "permute": _permute, "slice": _slice,
               "pad_slice": _pad_slice, "cat": _cat, "matmul": _matmul, "loop": _loop,
               "loop_out": lambda em, node: None,  # (the loop binds its outputs)
-              "take": take, "scatter_add": scatter_add}
+              "take": take, "scatter_add": scatter_add, "unfold": unfold, "fold": fold,
+              "argmax": argreduce, "argmin": argreduce}
 
 __all__ = ["NODE_RULES"]

@@ -22,7 +22,8 @@ SCALAR_OPS = frozenset({
     "minimum", "neg", "abs", "sign", "sigmoid", "exp", "log", "sqrt", "sin", "cos", "tanh",
     "erf", "where", "cast", "detach", "expand"})
 NODE_OPS = frozenset({"reshape", "permute", "slice", "pad_slice", "cat", "matmul", "loop",
-                      "loop_out", "take", "scatter_add"})
+                      "loop_out", "take", "scatter_add", "unfold", "fold",
+                      "argmax", "argmin"})
 LOOP_OPS = frozenset({"loop", "loop_out"})
 REDUCTIONS = frozenset({"sum", "max", "min"})
 DTYPE_KINDS = "fbiu"
