@@ -124,9 +124,10 @@ def _product(cols, weight, groups):
     n, oh, ow = cols.shape[:3]
     out_c = weight.shape[0]
     if groups == 1:
-        rows = reshape(cols, n, oh * ow, -1)
-        out = rows @ reshape(weight, out_c, -1).T  # one product over the batch's rows
-        return reshape(out, n, oh, ow, out_c)
+        # one 2-D product over the batch's rows: its weight gradient is one product too
+        # (a batched one would be a product per sample, then a sum)
+        rows = reshape(cols, n * oh * ow, -1)
+        return reshape(rows @ reshape(weight, out_c, -1).T, n, oh, ow, out_c)
     rows = permute(reshape(cols, n, oh * ow, groups, -1), 0, 2, 1, 3)  # (N, G, L, CgK)
     w = permute(reshape(weight, groups, out_c // groups, -1), 0, 2, 1)  # (G, CgK, Og)
     return reshape(permute(rows @ w, 0, 2, 1, 3), n, oh, ow, out_c)
@@ -222,7 +223,7 @@ def _transposed_cols(x, weight, groups):
     _, out_g, kh, kw = weight.shape
     rows = permute(x, 0, 2, 3, 1)  # (N, H, W, C)
     if groups == 1:
-        cols = rows @ reshape(weight, in_c, -1)
+        cols = reshape(rows, n * h * w, in_c) @ reshape(weight, in_c, -1)
     else:
         rows = permute(reshape(rows, n, h * w, groups, -1), 0, 2, 1, 3)  # (N, G, L, Cg)
         cols = permute(rows @ reshape(weight, groups, in_c // groups, -1), 0, 2, 1, 3)
