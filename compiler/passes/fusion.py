@@ -29,6 +29,13 @@ def is_fusable_reduction(node) -> bool:
     return op.has(Trait.REDUCTION) and not op.has(Trait.ARG_REDUCTION)
 
 
+def _source_view(node) -> bool:
+    """A movement of graph inputs or constants only (a bias reshaped to (C, 1, 1)): it
+    can run before everything, so no group has to end where it was recorded."""
+    return not node.is_source and not is_pointwise(node) and \
+        REGISTRY[node.op].has(Trait.MOVEMENT) and all(i.is_source for i in node.inputs)
+
+
 @dataclass(eq=False)
 class NodeUnit:
     """A single op lowered on its own."""
@@ -75,8 +82,11 @@ class _Partitioner:
         self.by_domain = {}  # domain -> its LoopGroups, oldest first
 
     def run(self):
+        hoisted = [n for n in self.graph.nodes if _source_view(n)]
+        for node in hoisted:  # (first: a group may then read them wherever it starts)
+            self._new_node_unit(node)
         for node in self.graph.nodes:
-            if node.is_source:
+            if node.is_source or id(node) in self.unit_of:
                 continue
             if is_pointwise(node):
                 self._place_pointwise(node)
