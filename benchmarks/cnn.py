@@ -113,6 +113,14 @@ def _torch_rows(torch, batch, repeat, threads):
     return rows
 
 
+def _ratio(v) -> str:
+    return "-" if v != v else f"{v:.2f}x"
+
+
+def _compile_s(c) -> str:
+    return "-" if c is None else f"{c[0]:.2f} s / {c[1]:.2f} s"
+
+
 def run(batch, repeat, label):
     """One table: every row's forward and training-step medians and ratios."""
     ours = _hn_rows(batch, repeat)
@@ -135,14 +143,12 @@ def run(batch, repeat, label):
     for r in rows:
         r["fwd_x"] = r["fwd"] / base["fwd"] if base else float("nan")
         r["step_x"] = r["step"] / base["step"] if base else float("nan")
-    ratio = (lambda v: "-" if v != v else f"{v:.2f}x")
-    compile_s = (lambda c: "-" if c is None else f"{c[0]:.2f} s / {c[1]:.2f} s")
     print_table(f"LeNet-5, batch {batch}, float32 ({label}); ratios: time / torch eager "
                 f"1 thread; traced step ran compiled {ours['compiled']} calls",
                 rows, [("name", "", str), ("fwd", "forward", fmt_time),
-                       ("fwd_x", "x torch", ratio), ("step", "train step", fmt_time),
-                       ("step_x", "x torch", ratio), ("compile", "compile fwd / step",
-                                                      compile_s)])
+                       ("fwd_x", "x torch", _ratio), ("step", "train step", fmt_time),
+                       ("step_x", "x torch", _ratio),
+                       ("compile", "compile fwd / step", _compile_s)])
     return rows
 
 
