@@ -103,9 +103,9 @@ def _conv_padding(op, padding, kernel, dilation, stride) -> tuple:
 
 
 def _check_conv(op, x, weight, bias, groups):
-    if not isinstance(weight, Tensor) or weight.ndim != 4:
-        raise ShapeError(f"{op}: weight must be a 4-D (out_channels, in_channels/groups, kh, kw) "
-                         f"tensor, got {getattr(weight, 'shape', weight)!r}")
+    if not isinstance(weight, Tensor) or weight.ndim != x.ndim:
+        raise ShapeError(f"{op}: weight must be a {x.ndim}-D (out_channels, in_channels/groups, "
+                         f"kernel...) tensor, got {getattr(weight, 'shape', weight)!r}")
     need_float(op, x, weight, bias)
     out_c, in_per_group = weight.shape[:2]
     if int(groups) < 1 or out_c % groups:
@@ -122,14 +122,15 @@ def _check_conv(op, x, weight, bias, groups):
 def _product(cols, weight, groups):
     """(N, OH, OW, C, kh, kw) windows times a (O, C/g, kh, kw) weight -> (N, OH, OW, O)."""
     n, oh, ow = cols.shape[:3]
-    out_c = weight.shape[0]
+    out_c, ck = weight.shape[0], math.prod(cols.shape[3:])  # (sizes spelt out: N may be 0)
     if groups == 1:
         # one 2-D product over the batch's rows: its weight gradient is one product too
         # (a batched one would be a product per sample, then a sum)
-        rows = reshape(cols, n * oh * ow, -1)
-        return reshape(rows @ reshape(weight, out_c, -1).T, n, oh, ow, out_c)
-    rows = permute(reshape(cols, n, oh * ow, groups, -1), 0, 2, 1, 3)  # (N, G, L, CgK)
-    w = permute(reshape(weight, groups, out_c // groups, -1), 0, 2, 1)  # (G, CgK, Og)
+        rows = reshape(cols, n * oh * ow, ck)
+        return reshape(rows @ reshape(weight, out_c, ck).T, n, oh, ow, out_c)
+    per = ck // groups
+    rows = permute(reshape(cols, n, oh * ow, groups, per), 0, 2, 1, 3)  # (N, G, L, CgK)
+    w = permute(reshape(weight, groups, out_c // groups, per), 0, 2, 1)  # (G, CgK, Og)
     return reshape(permute(rows @ w, 0, 2, 1, 3), n, oh, ow, out_c)
 
 
@@ -142,7 +143,7 @@ def _conv2d(op, input, weight, bias, stride, padding, dilation, groups):
     kernel = tuple(weight.shape[2:])
     top, bottom, left, right = _conv_padding(op, padding, kernel, dilation, stride)
     xp = pad2d(x, top, bottom, left, right)
-    _check_fits(op, x, xp, kernel, dilation, (top + bottom, left + right))
+    _check_fits(op, x, xp, weight, dilation, (top + bottom, left + right))
     cols = unfold_windows(xp, kernel, dilation, stride)
     out = permute(_product(cols, weight, int(groups)), 0, 3, 1, 2)
     if bias is not None:
@@ -150,12 +151,13 @@ def _conv2d(op, input, weight, bias, stride, padding, dilation, groups):
     return squeeze(out, 0) if unbatched else out
 
 
-def _check_fits(op, x, xp, kernel, dilation, pads):
+def _check_fits(op, x, xp, weight, dilation, pads):
+    kernel = weight.shape[2:]
     for size, k, d in zip(xp.shape[2:], kernel, dilation):
         if d * (k - 1) + 1 > size:
-            raise ShapeError(f"{op}: kernel size {list(kernel)} (dilation {list(dilation)}) "
-                             f"is larger than the input {_desc(x)} padded by {list(pads)} "
-                             f"({xp.shape[2]}x{xp.shape[3]})")
+            raise ShapeError(f"{op}: kernel size {list(kernel)} (dilation {list(dilation)}) of "
+                             f"weight {_desc(weight)} is larger than the input {_desc(x)} "
+                             f"padded by {list(pads)} ({xp.shape[2]}x{xp.shape[3]})")
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
@@ -167,14 +169,19 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """1-D convolution of a (N, C, L) or (C, L) input with a (O, C/groups, k) weight."""
     x, unbatched = batched("conv1d", input, 3)
-    if not isinstance(weight, Tensor) or weight.ndim != 3:
-        raise ShapeError(f"conv1d: weight must be a 3-D (out_channels, in_channels/groups, k) "
-                         f"tensor, got {getattr(weight, 'shape', weight)!r}")
+    _check_conv("conv1d", x, weight, bias, groups)
+    stride = ntuple("conv1d", "stride", stride, 1)[0]
+    dilation = ntuple("conv1d", "dilation", dilation, 1)[0]
     if not isinstance(padding, str):
         padding = (0, ntuple("conv1d", "padding", padding, 1)[0])
-    out = _conv2d("conv1d", unsqueeze(x, 2), unsqueeze(weight, 2), bias,
-                  (1, ntuple("conv1d", "stride", stride, 1)[0]), padding,
-                  (1, ntuple("conv1d", "dilation", dilation, 1)[0]), groups)
+    pads = _conv_padding("conv1d", padding, (1,) + weight.shape[2:], (1, dilation), (1, stride))
+    span = dilation * (weight.shape[2] - 1) + 1
+    if x.shape[2] + pads[2] + pads[3] < span:
+        raise ShapeError(f"conv1d: kernel size {weight.shape[2]} (dilation {dilation}) of "
+                         f"weight {_desc(weight)} is larger than the input {_desc(input)} "
+                         f"padded by {pads[2] + pads[3]}")
+    out = _conv2d("conv1d", unsqueeze(x, 2), unsqueeze(weight, 2), bias, (1, stride), padding,
+                  (1, dilation), groups)
     out = squeeze(out, 2)
     return squeeze(out, 0) if unbatched else out
 
@@ -222,11 +229,12 @@ def _transposed_cols(x, weight, groups):
     n, in_c, h, w = x.shape
     _, out_g, kh, kw = weight.shape
     rows = permute(x, 0, 2, 3, 1)  # (N, H, W, C)
+    width = out_g * kh * kw
     if groups == 1:
-        cols = reshape(rows, n * h * w, in_c) @ reshape(weight, in_c, -1)
+        cols = reshape(rows, n * h * w, in_c) @ reshape(weight, in_c, width)
     else:
-        rows = permute(reshape(rows, n, h * w, groups, -1), 0, 2, 1, 3)  # (N, G, L, Cg)
-        cols = permute(rows @ reshape(weight, groups, in_c // groups, -1), 0, 2, 1, 3)
+        rows = permute(reshape(rows, n, h * w, groups, in_c // groups), 0, 2, 1, 3)
+        cols = permute(rows @ reshape(weight, groups, in_c // groups, width), 0, 2, 1, 3)
     return reshape(cols, n, h, w, out_g * groups, kh, kw)
 
 

@@ -71,7 +71,7 @@ class _ConvNd(Module):
         s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
              f"stride={self.stride}")
         if self.padding != (0,) * self._dims:
-            s += f", padding={self.padding!r}"
+            s += f", padding={self.padding}"
         if self.dilation != (1,) * self._dims:
             s += f", dilation={self.dilation}"
         if self.output_padding != (0,) * self._dims:
@@ -181,6 +181,13 @@ class AvgPool2d(Module):
 class AvgPool1d(AvgPool2d):
     """Mean over windows of the last dim of (N, C, L) inputs."""
 
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False,
+                 count_include_pad=True):
+        one = (lambda v, name: ntuple("AvgPool1d", name, v, 1))  # noqa: E731
+        super().__init__(one(kernel_size, "kernel_size"),
+                         None if stride is None else one(stride, "stride"),
+                         one(padding, "padding"), ceil_mode, count_include_pad)
+
     def forward(self, input):
         return avg_pool1d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
                           self.count_include_pad)
@@ -207,16 +214,15 @@ class _BatchNorm(Module):
     _ndims = ()
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
-                 track_running_stats=True, dtype=None):
+                 track_running_stats=True, dtype=None, *, bias=True):
         super().__init__()
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats
-        if affine:
-            self.weight = Parameter(ones(num_features, dtype=dtype))
-            self.bias = Parameter(zeros(num_features, dtype=dtype))
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        self.weight = Parameter(ones(num_features, dtype=dtype)) if affine else None
+        self.bias = Parameter(zeros(num_features, dtype=dtype)) if affine and bias else None
+        for name in ("weight", "bias"):
+            if getattr(self, name) is None:
+                self.register_parameter(name, None)
         if track_running_stats:
             self.register_buffer("running_mean", zeros(num_features, dtype=dtype))
             self.register_buffer("running_var", ones(num_features, dtype=dtype))
@@ -253,8 +259,9 @@ class _BatchNorm(Module):
                           use_batch, factor, self.eps)
 
     def extra_repr(self) -> str:
+        bias = "" if self.bias is not None or not self.affine else ", bias=False"
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
-                f"affine={self.affine}, track_running_stats={self.track_running_stats}")
+                f"affine={self.affine}{bias}, track_running_stats={self.track_running_stats}")
 
 
 class BatchNorm1d(_BatchNorm):

@@ -22,14 +22,15 @@ from ..tensor import Tensor, literal
 from .conv import _desc, batched, need_float, ntuple, pad2d, unfold_windows
 
 
-def pool_out(op, size, k, s, p, d, ceil_mode) -> int:
+def pool_out(op, size, k, s, p, d, ceil_mode, x=None) -> int:
     """PyTorch's pooling output size along one dim (ceil_mode: the last window may hang
     over the end, but must start inside the input or its left padding)."""
     span = d * (k - 1) + 1
     room = size + 2 * p - span
     if room < 0:
-        raise ShapeError(f"{op}: kernel {k} (dilation {d}) spans {span}, more than the input "
-                         f"size {size} padded by {p} on each side")
+        given = "" if x is None else f" of {_desc(x)}"
+        raise ShapeError(f"{op}: kernel size {k} (dilation {d}) spans {span}, more than the "
+                         f"input size {size}{given} padded by {p} on each side")
     out = (-(-room // s) if ceil_mode else room // s) + 1
     if ceil_mode and (out - 1) * s >= size + p:
         out -= 1
@@ -57,7 +58,7 @@ def _planes(op, input, kernel, stride, padding, dilation, ceil_mode, fill):
     n, c, h, w = x.shape
     if h == 0 or w == 0:
         raise ShapeError(f"{op}: expected a non-empty plane, got {_desc(input)}")
-    outs = [pool_out(op, size, k, s, p, d, ceil_mode) for size, k, s, p, d in
+    outs = [pool_out(op, size, k, s, p, d, ceil_mode, input) for size, k, s, p, d in
             zip((h, w), kernel, stride, padding, dilation)]
     ends = [(o - 1) * s + d * (k - 1) + 1 - size - p for o, s, d, k, size, p in
             zip(outs, stride, dilation, kernel, (h, w), padding)]
@@ -85,12 +86,30 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
                                         ceil_mode, -math.inf)
     k = kernel[0] * kernel[1]
     first = _f.argmax(cols, 3, keepdim=True)  # the first max (or NaN) of each window
+    inside = _first_inside(x.shape[2:], kernel, stride, padding, dilation, shape[2:])
+    if inside is not None:  # a window of -inf values and padding: its first real element
+        lost = _f.amax(cols, 3, keepdim=True) == -math.inf
+        first = _f.where(lost, literal(inside), first)
     hit = first == literal(np.arange(k, dtype=np.int64))
     out = _finish(_f.sum(_f.where(hit, cols, 0.0), 3), shape, unbatched)
     if not return_indices:
         return out
     return out, _finish(_indices(first, x.shape[3], kernel, stride, padding, dilation,
                                  shape[2:]), shape, unbatched)
+
+
+def _first_inside(hw, kernel, stride, padding, dilation, outs):
+    """(OH, OW, 1) int64: each window's first element inside the input (PyTorch never
+    picks padding), or None when no window reaches into padding."""
+    rows, cols = (np.arange(o)[:, None] * s - p + np.arange(k)[None, :] * d
+                  for o, s, p, k, d in zip(outs, stride, padding, kernel, dilation))
+    real_r = (rows >= 0) & (rows < hw[0])  # (OH, kh)
+    real_c = (cols >= 0) & (cols < hw[1])  # (OW, kw)
+    real = real_r[:, None, :, None] & real_c[None, :, None, :]  # (OH, OW, kh, kw)
+    real = real.reshape(outs[0], outs[1], -1)
+    if real.all():
+        return None
+    return real.argmax(-1)[..., None].astype(np.int64)
 
 
 def _indices(first, width, kernel, stride, padding, dilation, outs):
