@@ -240,5 +240,6 @@ register(OpDef(
 from . import (  # noqa: E402,F401  (the remaining primitives; loop nodes for compiler.reroll)
     loop,
     ops_conv,
+    ops_sort,
     ops_structural,
 )

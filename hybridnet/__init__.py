@@ -14,93 +14,136 @@ from compiler.ir import Graph
 
 from . import _methods  # noqa: F401  (binds Tensor methods)
 from .autograd import (
-                       enable_grad,
-                       grad,
-                       graph_of,
-                       is_grad_enabled,
-                       no_grad,
-                       record,
-                       set_grad_enabled,
+    enable_grad,
+    grad,
+    graph_of,
+    is_grad_enabled,
+    no_grad,
+    record,
+    set_grad_enabled,
 )
 from .creation import (
-                       arange,
-                       empty,
-                       eye,
-                       from_numpy,
-                       full,
-                       full_like,
-                       linspace,
-                       manual_seed,
-                       ones,
-                       ones_like,
-                       rand,
-                       randint,
-                       randn,
-                       tensor,
-                       zeros,
-                       zeros_like,
+    arange,
+    empty,
+    empty_like,
+    eye,
+    from_numpy,
+    full,
+    full_like,
+    linspace,
+    manual_seed,
+    ones,
+    ones_like,
+    rand,
+    rand_like,
+    randint,
+    randint_like,
+    randn,
+    randn_like,
+    tensor,
+    zeros,
+    zeros_like,
 )
+from .device import accelerator, backends, cuda, device
 from .dtypes import DType, bool_, float32, float64, int32, int64
 from .functional import (
-                       abs,
-                       add,
-                       amax,
-                       amin,
-                       argmax,
-                       argmin,
-                       clamp,
-                       cos,
-                       div,
-                       erf,
-                       exp,
-                       gelu,
-                       log,
-                       log_softmax,
-                       logsumexp,
-                       matmul,
-                       max,
-                       maximum,
-                       mean,
-                       min,
-                       minimum,
-                       mm,
-                       mul,
-                       neg,
-                       pow,
-                       reciprocal,
-                       relu,
-                       rsqrt,
-                       sigmoid,
-                       sign,
-                       silu,
-                       sin,
-                       softmax,
-                       sqrt,
-                       square,
-                       std,
-                       sub,
-                       sum,
-                       tanh,
-                       var,
-                       where,
+    abs,
+    add,
+    amax,
+    amin,
+    argmax,
+    argmin,
+    clamp,
+    cos,
+    div,
+    erf,
+    exp,
+    gelu,
+    log,
+    log_softmax,
+    logsumexp,
+    matmul,
+    max,
+    maximum,
+    mean,
+    min,
+    minimum,
+    mm,
+    mul,
+    neg,
+    pow,
+    reciprocal,
+    relu,
+    rsqrt,
+    sigmoid,
+    sign,
+    silu,
+    sin,
+    softmax,
+    sqrt,
+    square,
+    std,
+    sub,
+    sum,
+    tanh,
+    var,
+    where,
 )
-from .serialize import SerializationError, load_state, save
+from .serialize import SerializationError, get_num_threads, load_state, save, set_num_threads
 from .shape import (
-                       broadcast_to,
-                       cat,
-                       chunk,
-                       concat,
-                       expand,
-                       flatten,
-                       permute,
-                       reshape,
-                       split,
-                       squeeze,
-                       stack,
-                       transpose,
-                       unsqueeze,
+    broadcast_to,
+    cat,
+    chunk,
+    concat,
+    expand,
+    flatten,
+    permute,
+    reshape,
+    split,
+    squeeze,
+    stack,
+    transpose,
+    unsqueeze,
 )
 from .tensor import Tensor
+from .tensor_ops import (
+    argsort,
+    bmm,
+    cumsum,
+    einsum,
+    flip,
+    gather,
+    index_select,
+    masked_fill,
+    narrow,
+    norm,
+    roll,
+    scatter_add,
+    sort,
+    take_along_dim,
+    topk,
+    tril,
+    triu,
+)
+from .tensor_ops import t as _t
+
+
+def is_tensor(obj) -> bool:
+    """True for a hybridnet Tensor."""
+    return isinstance(obj, Tensor)
+
+
+def numel(input) -> int:
+    """The number of elements of `input`."""
+    return input.numel()
+
+
+def clone(input):
+    """A copy of `input` that records (gradients flow back)."""
+    return input.clone()
+
+
+t = _t
 
 bool = bool_  # noqa: A001  (PyTorch's spelling: hn.bool)
 float = float32  # noqa: A001
@@ -108,7 +151,13 @@ double = float64
 long = int64
 int = int32  # noqa: A001
 
-from . import nn, optim  # noqa: E402
+from . import (  # noqa: E402
+    distributions,
+    nn,
+    onnx,
+    optim,
+    utils,  # noqa: E402
+)
 from .export_load import ExportError, LoadedFunction, export, load  # noqa: E402
 from .jit import BenchmarkResult, ExplainReport, TracedFunction, benchmark, explain, trace
 
@@ -122,7 +171,9 @@ __all__ = [
     "full_like", "rand", "randn", "randint", "arange", "linspace", "eye", "manual_seed",
     "float32", "float64", "int32", "int64", "bool", "no_grad", "enable_grad",
     "set_grad_enabled", "is_grad_enabled", "grad", "record", "graph_of", "save", "load_state",
-    "nn", "optim", "trace", "explain", "benchmark", "TracedFunction", "ExplainReport",
+    "set_num_threads", "get_num_threads", "onnx",
+    "nn", "optim", "utils", "trace", "explain", "benchmark", "TracedFunction", "ExplainReport",
+    "distributions",
     "BenchmarkResult", "export", "load", "ExportError", "LoadedFunction",
     "DType", "double", "long", "float", "int",
     "abs", "add", "amax", "amin", "argmax", "argmin", "clamp", "cos", "div", "erf", "exp",
@@ -131,4 +182,8 @@ __all__ = [
     "silu", "sin", "softmax", "sqrt", "square", "std", "sub", "sum", "tanh", "var", "where",
     "broadcast_to", "cat", "chunk", "concat", "expand", "flatten", "permute", "reshape",
     "split", "squeeze", "stack", "transpose", "unsqueeze",
+    "rand_like", "randn_like", "empty_like", "randint_like", "device", "cuda", "accelerator",
+    "backends", "bmm", "einsum", "flip", "gather", "index_select", "masked_fill", "narrow",
+    "norm", "roll", "scatter_add", "take_along_dim", "tril", "triu", "t", "is_tensor",
+    "numel", "clone", "argsort", "cumsum", "sort", "topk",
 ]

@@ -9,7 +9,7 @@ methods onto the C tensor type.
 import numpy as np
 
 from . import functional as F
-from . import inplace, shape
+from . import inplace, shape, tensor_ops
 from .autograd import backward
 from .creation import tensor
 from .dispatch import binary_op
@@ -129,6 +129,7 @@ def _bind():
     _publish("expand_as", lambda t, other: shape.expand(t, *other.shape))
     _publish("view_as", lambda t, other: shape.reshape(t, *other.shape))
     Tensor.backward = _backward
+    tensor_ops.bind(_publish)
 
 
 _bind()

@@ -6,6 +6,7 @@ from compiler import dtypes as cd
 
 from . import dtypes as hd
 from ._state import STATE, note_untraceable
+from .device import check_device
 from .dispatch import cast
 from .shape import clone
 from .tensor import Tensor, as_array, literal, wrap
@@ -36,8 +37,9 @@ def _finish(arr, requires_grad) -> Tensor:
     return t
 
 
-def tensor(data, dtype=None, requires_grad=False) -> Tensor:
+def tensor(data, dtype=None, requires_grad=False, device=None) -> Tensor:
     """A new tensor (copying `data`): floats give float32, ints int64, bools bool."""
+    check_device(device, "tensor")
     if isinstance(data, Tensor) and STATE.recorders:
         return _recorded_copy(data, dtype, requires_grad)
     arr = as_array(data, dtype)
@@ -78,56 +80,66 @@ def _dt(dtype, default=cd.DEFAULT_FLOAT) -> np.dtype:
     return default if dtype is None else hd.to_np(dtype)
 
 
-def zeros(*size, dtype=None, requires_grad=False) -> Tensor:
+def zeros(*size, dtype=None, requires_grad=False, device=None) -> Tensor:
     """Zeros of the given shape."""
+    check_device(device, "zeros")
     return _finish(np.zeros(_shape(size), _dt(dtype)), requires_grad)
 
 
-def ones(*size, dtype=None, requires_grad=False) -> Tensor:
+def ones(*size, dtype=None, requires_grad=False, device=None) -> Tensor:
     """Ones of the given shape."""
+    check_device(device, "ones")
     return _finish(np.ones(_shape(size), _dt(dtype)), requires_grad)
 
 
-def empty(*size, dtype=None, requires_grad=False) -> Tensor:
+def empty(*size, dtype=None, requires_grad=False, device=None) -> Tensor:
     """Uninitialized values of the given shape (zeros here, for reproducibility)."""
+    check_device(device, "empty")
     return zeros(*size, dtype=dtype, requires_grad=requires_grad)
 
 
-def full(size, fill_value, dtype=None, requires_grad=False) -> Tensor:
+def full(size, fill_value, dtype=None, requires_grad=False, device=None) -> Tensor:
     """`fill_value` everywhere; the dtype follows the value when not given."""
+    check_device(device, "full")
     dt = _dt(dtype, cd.scalar_dtype(fill_value))
     return _finish(np.full(_shape((size,)), fill_value, dt), requires_grad)
 
 
-def zeros_like(input, dtype=None, requires_grad=False) -> Tensor:
+def zeros_like(input, dtype=None, requires_grad=False, device=None) -> Tensor:
     """Zeros shaped like `input`."""
+    check_device(device, "zeros_like")
     return zeros(input.shape, dtype=dtype or input.dtype, requires_grad=requires_grad)
 
 
-def ones_like(input, dtype=None, requires_grad=False) -> Tensor:
+def ones_like(input, dtype=None, requires_grad=False, device=None) -> Tensor:
     """Ones shaped like `input`."""
+    check_device(device, "ones_like")
     return ones(input.shape, dtype=dtype or input.dtype, requires_grad=requires_grad)
 
 
-def full_like(input, fill_value, dtype=None, requires_grad=False) -> Tensor:
+def full_like(input, fill_value, dtype=None, requires_grad=False, device=None) -> Tensor:
     """`fill_value` shaped like `input`."""
+    check_device(device, "full_like")
     return full(input.shape, fill_value, dtype=dtype or input.dtype, requires_grad=requires_grad)
 
 
-def rand(*size, dtype=None, requires_grad=False) -> Tensor:
+def rand(*size, dtype=None, requires_grad=False, device=None) -> Tensor:
     """Uniform [0, 1) samples."""
+    check_device(device, "rand")
     dt = _dt(dtype)
     return _finish(generator().random(_shape(size), dtype=np.float64).astype(dt), requires_grad)
 
 
-def randn(*size, dtype=None, requires_grad=False) -> Tensor:
+def randn(*size, dtype=None, requires_grad=False, device=None) -> Tensor:
     """Standard normal samples."""
+    check_device(device, "randn")
     dt = _dt(dtype)
     return _finish(generator().standard_normal(_shape(size)).astype(dt), requires_grad)
 
 
-def randint(low, high=None, size=None, dtype=None, requires_grad=False) -> Tensor:
+def randint(low, high=None, size=None, dtype=None, requires_grad=False, device=None) -> Tensor:
     """Integers in [low, high) (or [0, low) when high is omitted), int64 by default."""
+    check_device(device, "randint")
     if high is None:
         low, high = 0, low
     if size is None:
@@ -136,8 +148,9 @@ def randint(low, high=None, size=None, dtype=None, requires_grad=False) -> Tenso
     return _finish(arr.astype(_dt(dtype, cd.int64)), requires_grad)
 
 
-def arange(start, end=None, step=1, dtype=None, requires_grad=False) -> Tensor:
+def arange(start, end=None, step=1, dtype=None, requires_grad=False, device=None) -> Tensor:
     """Values from start to end (exclusive) by step; int64 if all ints, else float32."""
+    check_device(device, "arange")
     if end is None:
         start, end = 0, start
     is_int = all(isinstance(v, (int, np.integer)) for v in (start, end, step))
@@ -147,11 +160,41 @@ def arange(start, end=None, step=1, dtype=None, requires_grad=False) -> Tensor:
     return _finish(np.arange(start, end, step).astype(dt), requires_grad)
 
 
-def linspace(start, end, steps, dtype=None, requires_grad=False) -> Tensor:
+def linspace(start, end, steps, dtype=None, requires_grad=False, device=None) -> Tensor:
     """`steps` evenly spaced values from start to end inclusive."""
+    check_device(device, "linspace")
     return _finish(np.linspace(start, end, int(steps)).astype(_dt(dtype)), requires_grad)
 
 
-def eye(n, m=None, dtype=None, requires_grad=False) -> Tensor:
+def eye(n, m=None, dtype=None, requires_grad=False, device=None) -> Tensor:
     """Identity matrix (n x m)."""
+    check_device(device, "eye")
     return _finish(np.eye(n, m, dtype=_dt(dtype)), requires_grad)
+
+
+def empty_like(input, dtype=None, requires_grad=False, device=None) -> Tensor:
+    """Zeros shaped like `input` (hybridnet's empty is zero-filled)."""
+    check_device(device, "empty_like")
+    return zeros_like(input, dtype=dtype, requires_grad=requires_grad)
+
+
+def rand_like(input, dtype=None, requires_grad=False, device=None) -> Tensor:
+    """Uniform [0, 1) samples shaped like `input` (its dtype by default)."""
+    check_device(device, "rand_like")
+    return rand(input.shape, dtype=dtype or input.dtype, requires_grad=requires_grad)
+
+
+def randn_like(input, dtype=None, requires_grad=False, device=None) -> Tensor:
+    """Standard normal samples shaped like `input` (its dtype by default)."""
+    check_device(device, "randn_like")
+    return randn(input.shape, dtype=dtype or input.dtype, requires_grad=requires_grad)
+
+
+def randint_like(input, low=0, high=None, dtype=None, requires_grad=False,
+                 device=None) -> Tensor:
+    """Integers in [low, high) shaped like `input` (its dtype by default)."""
+    check_device(device, "randint_like")
+    if high is None:
+        low, high = 0, low
+    return randint(low, high, tuple(input.shape), dtype=dtype or input.dtype,
+                   requires_grad=requires_grad)

@@ -100,7 +100,29 @@ def _fold_ref(cols, size, kernel, dilation, stride):
     return out
 
 
+def _cumsum_ref(x, dim):
+    out = np.array(x, copy=True)
+    if x.ndim:
+        for k in range(1, x.shape[dim]):  # a plain running sum, in order
+            index = (slice(None),) * dim
+            out[index + (k,)] = out[index + (k - 1,)] + x[index + (k,)]
+    return out
+
+
+def _argsort_ref(x, dim, descending):
+    if not x.ndim:
+        return np.zeros((), np.int64)
+    moved = np.moveaxis(x, dim, -1)
+    out = np.zeros(moved.shape, np.int64)
+    for pos in np.ndindex(*moved.shape[:-1]):
+        sign = -1 if descending else 1
+        row = [sign * v for v in moved[pos]]
+        out[pos] = sorted(range(len(row)), key=row.__getitem__)  # stable: ties by position
+    return np.moveaxis(out, -1, dim)
+
+
 REFS = {
+    "cumsum": _cumsum_ref, "argsort": _argsort_ref,
     "unfold": _unfold_ref, "fold": _fold_ref,
     "neg": np.negative, "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "sin": np.sin,
     "cos": np.cos, "tanh": np.tanh, "abs": np.abs,
@@ -245,6 +267,15 @@ CASES = (
        P("scatter_add", "repeat", (R((2, 3)), np.array([1, 1, 0])), {"dim": 1, "size": 4}),
        P("scatter_add", "2d-index", (R((2, 2, 3)), np.array([[0, 2], [2, 1]])),
          {"dim": 0, "size": 3}),
+       P("cumsum", "dim1", (R((3, 4)),), {"dim": 1}),
+       P("cumsum", "dim0-T", (R((4, 3), layout="T"),), {"dim": 0}),
+       P("cumsum", "0d", (R(()),), {"dim": 0}),
+       P("cumsum", "int", (I64,), {"dim": 1}, grad=False),
+       P("argsort", "ties", (V([[3.0, 1.0, 3.0, -2.0], [0.5, 0.5, 0.5, 0.0]]),),
+         {"dim": 1, "descending": False}, grad=False),
+       P("argsort", "desc-ties", (V([[3.0, 1.0, 3.0, -2.0], [0.5, 0.5, 0.5, 0.0]]),),
+         {"dim": 1, "descending": True}, grad=False),
+       P("argsort", "dim0-int", (I64,), {"dim": 0, "descending": True}, grad=False),
        P("unfold", "3x3", (R((2, 3, 5, 4)),), _win((3, 3))),
        P("unfold", "stride-dilation", (R((1, 2, 9, 7), layout="T"),), _win((2, 3), (2, 1), (3, 2))),
        P("unfold", "1x1", (R((2, 1, 3, 3), layout="step"),), _win((1, 1))),

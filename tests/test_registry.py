@@ -22,7 +22,7 @@ COMPARISONS = {n for n, d in REGISTRY.items() if d.has(Trait.COMPARISON)}
 CONTROL = {n for n, d in REGISTRY.items() if d.has(Trait.CONTROL)}
 # The only primitives allowed to have no gradient at all, besides comparisons and sources
 # (detach stops gradients by definition).
-NOT_DIFFERENTIABLE = {"argmax", "argmin", "detach"} | COMPARISONS | SOURCES | CONTROL
+NOT_DIFFERENTIABLE = {"argmax", "argmin", "argsort", "detach"} | COMPARISONS | SOURCES | CONTROL
 
 
 def _params(fn) -> set:

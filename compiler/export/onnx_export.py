@@ -383,53 +383,6 @@ def _scatter_add(b, node, ins):
     return b.cast(out, node.dtype) if work != node.dtype else out
 
 
-def _window_index(hw, kernel, dilation, stride) -> np.ndarray:
-    """The (OH, OW, kh, kw) int64 flat positions in a (H, W) plane that unfold reads:
-    (i*sh + p*dh) * W + (j*sw + q*dw) for window (i, j), offset (p, q)."""
-    (h, w), (kh, kw), (dh, dw), (sh, sw) = hw, kernel, dilation, stride
-    oh, ow = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
-    rows = np.arange(oh)[:, None] * sh + np.arange(kh)[None, :] * dh  # (OH, kh)
-    cols = np.arange(ow)[:, None] * sw + np.arange(kw)[None, :] * dw  # (OW, kw)
-    flat = rows[:, None, :, None] * w + cols[None, :, None, :]
-    return flat.astype(np.int64)
-
-
-def _window_attrs(node):
-    return tuple(tuple(int(v) for v in node.attrs[k]) for k in ("kernel", "dilation", "stride"))
-
-
-def _unfold(b, node, ins):
-    """Gather of the (OH, OW, kh, kw) window positions (an int64 initializer) from the
-    (N, C, H*W) planes (Reshape), then Transpose (N, C, OH, OW, kh, kw) to
-    (N, OH, OW, C, kh, kw)."""
-    n, c, h, w = node.inputs[0].shape
-    index = _window_index((h, w), *_window_attrs(node))
-    flat = b.emit("Reshape", [ins[0], b.ints([n, c, h * w])], allowzero=1)
-    windows = b.emit("Gather", [flat, b.const(index)], axis=2)
-    return b.emit("Transpose", [windows], perm=[0, 2, 3, 1, 4, 5])
-
-
-def _fold(b, node, ins):
-    """unfold's adjoint: Transpose the windows to (N, C, OH, OW, kh, kw), Reshape to
-    (N, C, L), ScatterElements(reduction="add") along axis 2 onto ConstantOfShape zeros
-    (N, C, H*W) at the window positions (an int64 initializer, Expand-ed to (N, C, L)),
-    Reshape to (N, C, H, W). Overlapping windows add, as NumPy's fold; bool adds
-    (logical or) in int32."""
-    n, oh, ow, c, kh, kw = node.inputs[0].shape
-    h, w = (int(v) for v in node.attrs["size"])
-    index = _window_index((h, w), *_window_attrs(node)).reshape(1, 1, -1)
-    length = index.shape[-1]
-    work = _I32 if _is_bool(node.dtype) else node.dtype
-    cols = ins[0] if work == node.dtype else b.cast(ins[0], work)
-    cols = b.emit("Transpose", [cols], perm=[0, 3, 1, 2, 4, 5])
-    cols = b.emit("Reshape", [cols, b.ints([n, c, length])], allowzero=1)
-    indices = b.emit("Expand", [b.const(index), b.ints([n, c, length])])
-    out = b.emit("ScatterElements", [b.zeros([n, c, h * w], work), indices, cols],
-                 axis=2, reduction="add")
-    out = b.emit("Reshape", [out, b.ints([n, c, h, w])], allowzero=1)
-    return b.cast(out, node.dtype) if work != node.dtype else out
-
-
 def _matmul(b, node, ins):
     """MatMul (NumPy matmul semantics, batch dims broadcast; 1-D operands behave as in
     NumPy too, though the registry's rule only admits ndim >= 2)."""
@@ -458,7 +411,7 @@ CONVERTERS = {
     "argmax": _arg("ArgMax"), "argmin": _arg("ArgMin"),
     "reshape": _reshape, "permute": _permute, "expand": _expand, "detach": _identity,
     "slice": _slice, "pad_slice": _pad_slice, "cat": _cat, "take": _take,
-    "scatter_add": _scatter_add, "matmul": _matmul, "unfold": _unfold, "fold": _fold,
+    "scatter_add": _scatter_add, "matmul": _matmul,
 }
 """Op name -> converter(builder, node, input value names) -> the node's value name."""
 
@@ -630,3 +583,8 @@ def to_onnx(exported: ExportedGraph, opset: int = DEFAULT_OPSET) -> bytes:
         raise ExportError(f"to_onnx({exported.name!r}): the ONNX checker refused the model: "
                           f"{type(exc).__name__}: {exc}") from exc
     return model.SerializeToString(deterministic=True)
+
+
+from .onnx_more import MORE_CONVERTERS  # noqa: E402  (its converters use this module's helpers)
+
+CONVERTERS.update(MORE_CONVERTERS)

@@ -13,6 +13,7 @@ from ..loop import is_loop, traced_trip
 from ..registry import REGISTRY
 from .loop_rule import emit_loop, emit_loop_out
 from .rules import is_reduction
+from .scan_rules import argsort, cumsum
 from .window_rules import fold, unfold
 
 
@@ -309,6 +310,7 @@ NODE_RULES = {
     "reshape": _reshape, "permute": _permute, "slice": _slice, "pad_slice": _pad_slice,
     "cat": _cat, "matmul": _matmul, "take": _take, "scatter_add": _scatter_add,
     "argmax": _argreduce, "argmin": _argreduce, "unfold": unfold, "fold": fold,
+    "cumsum": cumsum, "argsort": argsort,
 }
 
 

@@ -232,6 +232,56 @@ class Module:
             p.requires_grad_(requires_grad)
         return self
 
+    def to(self, *args, **kwargs) -> "Module":
+        """`to(device)`, `to(dtype)`, `to(device, dtype)`, `to(tensor)`: the CPU is the only
+        device; a dtype converts the floating-point parameters, their gradients and the
+        floating-point buffers in place (integer buffers keep theirs, as in PyTorch)."""
+        from ..device import check_device
+        from ..tensor_ops import _parse_to
+        dev, dt, _ = _parse_to(args, dict(kwargs))
+        check_device(dev, "Module.to")
+        if dt is not None:
+            self._cast_floats(dt)
+        return self
+
+    def _cast_floats(self, dtype) -> None:
+        from ..dtypes import to_np
+        dt = to_np(dtype)
+        if dt.kind != "f":
+            raise TypeError(f"Module.to: only floating-point dtypes are allowed, got {dtype}")
+        STRUCTURE_VERSION[0] += 1
+        for m in self.modules():
+            for t in [*m._parameters.values(), *m._buffers.values()]:
+                if t is None or t._data.dtype.kind != "f" or t._data.dtype == dt:
+                    continue
+                t.data = t._data.astype(dt)
+                if t.grad is not None:
+                    t.grad = wrap(t.grad._data.astype(dt))
+
+    def float(self) -> "Module":
+        """Floating-point parameters and buffers to float32."""
+        return self.to("float32")
+
+    def double(self) -> "Module":
+        """Floating-point parameters and buffers to float64."""
+        return self.to("float64")
+
+    def half(self) -> "Module":
+        """float16 is not a hybridnet dtype: raises, saying what to use."""
+        raise TypeError("Module.half: float16 is not supported; use float() (float32)")
+
+    def cpu(self) -> "Module":
+        """The module itself: it is on the CPU already."""
+        return self
+
+    def cuda(self, device=None) -> "Module":
+        """No CUDA here: raises, saying so."""
+        return self.to("cuda")
+
+    def type(self, dst_type) -> "Module":
+        """Cast floating-point parameters and buffers to `dst_type`."""
+        return self.to(dst_type)
+
     def apply(self, fn) -> "Module":
         """Call fn on every sub-module (children first) and on self."""
         for child in self.children():

@@ -1,0 +1,5 @@
+"""hybridnet.utils: helpers named as PyTorch's `torch.utils` (data loading for now)."""
+
+from . import data
+
+__all__ = ["data"]
