@@ -89,7 +89,7 @@ from .functional import (
     var,
     where,
 )
-from .serialize import SerializationError, get_num_threads, load_state, save, set_num_threads
+from .serialize import SerializationError, load_state, save
 from .shape import (
     broadcast_to,
     cat,
@@ -154,7 +154,6 @@ int = int32  # noqa: A001
 from . import (  # noqa: E402
     distributions,
     nn,
-    onnx,
     optim,
     utils,  # noqa: E402
 )
@@ -171,7 +170,6 @@ __all__ = [
     "full_like", "rand", "randn", "randint", "arange", "linspace", "eye", "manual_seed",
     "float32", "float64", "int32", "int64", "bool", "no_grad", "enable_grad",
     "set_grad_enabled", "is_grad_enabled", "grad", "record", "graph_of", "save", "load_state",
-    "set_num_threads", "get_num_threads", "onnx",
     "nn", "optim", "utils", "trace", "explain", "benchmark", "TracedFunction", "ExplainReport",
     "distributions",
     "BenchmarkResult", "export", "load", "ExportError", "LoadedFunction",

@@ -32,7 +32,7 @@ _TYPE_NAMES = {"FloatTensor": "float32", "DoubleTensor": "float64", "LongTensor"
                "IntTensor": "int32", "BoolTensor": "bool"}
 
 
-def _parse_to(args, kwargs):
+def parse_to(args, kwargs):
     """(device, dtype, copy) from Tensor.to's PyTorch signatures."""
     dev, dt = kwargs.pop("device", None), kwargs.pop("dtype", None)
     copy = bool(kwargs.pop("copy", False))
@@ -58,7 +58,7 @@ def _parse_to(args, kwargs):
 def to_(self, *args, **kwargs):
     """`to(dtype)`, `to(device)`, `to(device, dtype)`, `to(other)`: the CPU is the only
     device; the same tensor when nothing changes (unless copy=True)."""
-    dev, dt, copy = _parse_to(args, dict(kwargs))
+    dev, dt, copy = parse_to(args, dict(kwargs))
     check_device(dev, "to")
     out = self if dt is None else to(self, dt)
     return out.clone() if copy and out is self else out

@@ -43,10 +43,11 @@ import numpy as np
 from ..errors import ExportError
 from ..ir import collect
 from .exported import ExportedGraph
+from .onnx_common import _BOOL, _I32, _I64, _is_bool, _is_float, _norm
+from .onnx_more import MORE_CONVERTERS
 
 DEFAULT_OPSET = 17
 MIN_OPSET = 17
-_BOOL, _I32, _I64 = np.dtype(np.bool_), np.dtype(np.int32), np.dtype(np.int64)
 _MISSING = "format='onnx' needs the onnx package: pip install 'hybridnet[onnx]'"
 _ERF_POINTS = 24  # Gauss-Legendre points of the float64 erf (max error 2e-15)
 _ERF_CLIP = 6.0  # erf(6) rounds to 1.0 in float64
@@ -132,18 +133,6 @@ class _Builder:
         """A ValueInfoProto for `name`."""
         return self.onnx.helper.make_tensor_value_info(name, self.tensor_type(dtype),
                                                        list(shape))
-
-
-def _norm(dim: int, ndim: int) -> int:
-    return dim % ndim if ndim else 0
-
-
-def _is_float(dtype) -> bool:
-    return np.dtype(dtype).kind == "f"
-
-
-def _is_bool(dtype) -> bool:
-    return np.dtype(dtype) == _BOOL
 
 
 # ---- elementwise converters -------------------------------------------------------------
@@ -583,8 +572,5 @@ def to_onnx(exported: ExportedGraph, opset: int = DEFAULT_OPSET) -> bytes:
         raise ExportError(f"to_onnx({exported.name!r}): the ONNX checker refused the model: "
                           f"{type(exc).__name__}: {exc}") from exc
     return model.SerializeToString(deterministic=True)
-
-
-from .onnx_more import MORE_CONVERTERS  # noqa: E402  (its converters use this module's helpers)
 
 CONVERTERS.update(MORE_CONVERTERS)

@@ -3,7 +3,7 @@ kept apart from compiler.export.onnx_export, whose CONVERTERS table takes them i
 
 import numpy as np
 
-from .onnx_export import _I32, _I64, _is_bool, _norm
+from .onnx_common import _I32, _I64, _is_bool, _norm
 
 
 def _window_index(hw, kernel, dilation, stride) -> np.ndarray:

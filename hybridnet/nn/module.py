@@ -7,7 +7,10 @@ import numpy as np
 from compiler.errors import ShapeError
 
 from ..autograd import no_grad
+from ..device import check_device
+from ..dtypes import to_np
 from ..tensor import Tensor, wrap
+from ..tensor_ops import parse_to
 from .parameter import Parameter
 
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
@@ -236,16 +239,13 @@ class Module:
         """`to(device)`, `to(dtype)`, `to(device, dtype)`, `to(tensor)`: the CPU is the only
         device; a dtype converts the floating-point parameters, their gradients and the
         floating-point buffers in place (integer buffers keep theirs, as in PyTorch)."""
-        from ..device import check_device
-        from ..tensor_ops import _parse_to
-        dev, dt, _ = _parse_to(args, dict(kwargs))
+        dev, dt, _ = parse_to(args, dict(kwargs))
         check_device(dev, "Module.to")
         if dt is not None:
             self._cast_floats(dt)
         return self
 
     def _cast_floats(self, dtype) -> None:
-        from ..dtypes import to_np
         dt = to_np(dtype)
         if dt.kind != "f":
             raise TypeError(f"Module.to: only floating-point dtypes are allowed, got {dtype}")
