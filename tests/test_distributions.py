@@ -618,8 +618,6 @@ def test_reinforce_step_matches_torch(param):
 
 
 def test_actor_critic_step_matches_torch():
-    if not hasattr(F, "smooth_l1_loss"):
-        pytest.skip("F.smooth_l1_loss is not available in this build")
     actor, tactor = _twin_linear(4, 2, seed=3)
     critic, tcritic = _twin_linear(4, 1, seed=4)
     rng = np.random.default_rng(5)

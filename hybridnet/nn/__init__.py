@@ -1,6 +1,6 @@
 """hybridnet.nn: Module, Parameter, layers and losses (PyTorch names and defaults)."""
 
-from . import functional, init
+from . import functional, init, utils
 from .conv_layers import (
     AdaptiveAvgPool2d,
     AvgPool1d,
@@ -33,7 +33,14 @@ from .layers import (
                      Softmax,
                      Tanh,
 )
+from .loss_modules import BCELoss, CosineSimilarity, HuberLoss, KLDivLoss, SmoothL1Loss
 from .module import Module, ModuleDict, ModuleList, Sequential
 from .parameter import Parameter
 from .rnn import GRUCell, LSTMCell, RNNCell
 from .rnn_seq import GRU, LSTM, RNN
+from .transformer import (
+    Dropout2d,
+    MultiheadAttention,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+)

@@ -16,6 +16,14 @@ from ..functional import gelu, log_softmax, relu, sigmoid, silu, softmax, tanh, 
 from ..shape import reshape
 from ..tensor import literal, wrap
 from .conv import conv1d, conv2d, conv_transpose2d, pad  # noqa: F401
+from .losses import (  # noqa: F401
+    binary_cross_entropy,
+    cosine_similarity,
+    dropout2d,
+    huber_loss,
+    kl_div,
+    smooth_l1_loss,
+)
 from .pooling import (  # noqa: F401
     adaptive_avg_pool2d,
     avg_pool1d,
