@@ -85,6 +85,28 @@ def configure() -> None:
         _count[lib.filepath] = mode or 1
 
 
+def set_threads(n: int) -> None:
+    """At most `n` BLAS threads from now on: under the size rule, large products get `n`
+    and small ones stay on one; a fixed HYBRIDNET_BLAS_THREADS count becomes `n`; with
+    HYBRIDNET_BLAS_THREADS=keep every BLAS library is set to `n` (an explicit call)."""
+    mode = _setting()
+    if mode == "keep":
+        for lib in ThreadpoolController().select(user_api="blas").lib_controllers:
+            lib.set_num_threads(n)
+        return
+    try:  # SciPy's BLAS now, so that loading it later cannot raise the count again
+        _cython_blas()
+        configure()
+    except ImportError:
+        pass
+    if mode is None:
+        _wide[0] = n
+        _set(1)
+    else:
+        _mode[0] = n
+        _set(n)
+
+
 def threads() -> dict:
     """{library path: threads it uses now} (for benchmarks and tests)."""
     return {lib.filepath: lib.num_threads for lib in _libs}

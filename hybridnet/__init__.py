@@ -126,6 +126,7 @@ from .tensor_ops import (
     triu,
 )
 from .tensor_ops import t as _t
+from .threads import get_num_threads, set_num_threads
 
 
 def is_tensor(obj) -> bool:
@@ -154,6 +155,7 @@ int = int32  # noqa: A001
 from . import (  # noqa: E402
     distributions,
     nn,
+    onnx,
     optim,
     utils,  # noqa: E402
 )
@@ -170,6 +172,7 @@ __all__ = [
     "full_like", "rand", "randn", "randint", "arange", "linspace", "eye", "manual_seed",
     "float32", "float64", "int32", "int64", "bool", "no_grad", "enable_grad",
     "set_grad_enabled", "is_grad_enabled", "grad", "record", "graph_of", "save", "load_state",
+    "set_num_threads", "get_num_threads", "onnx",
     "nn", "optim", "utils", "trace", "explain", "benchmark", "TracedFunction", "ExplainReport",
     "distributions",
     "BenchmarkResult", "export", "load", "ExportError", "LoadedFunction",

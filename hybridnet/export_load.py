@@ -27,6 +27,7 @@ from compiler.export.onnx_export import to_onnx
 from compiler.passes.fusion import partition
 from runtime.executor import SIDE_EXIT, Outcome, guard_holds
 
+from . import serialize
 from .jit.build import Source, TraceGraph
 from .jit.capture_graph import capture
 from .jit.compile import compile_trace
@@ -211,17 +212,26 @@ class _Sidecar:
         return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype).reshape(shape)
 
 
-def load(path, backend=None) -> "LoadedFunction":
-    """A callable running the JSON graph at `path` (`hn.export(..., format="json")`),
-    compiled by the JIT's pipeline (kernel caches included). Raises ExportError for a
-    file that is not a valid graph; nothing in the file is ever executed."""
-    path = os.fspath(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise ExportError(f"load: cannot read {path!r}: {exc.strerror}") from None
-    exported = graph_file.loads(data, _sidecar_reader(os.path.dirname(os.path.abspath(path))))
+def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=None,
+         backend=None, **pickle_load_args):
+    """torch.load's counterpart, deciding by the file's content (not its name): a file of
+    `hn.save` gives what `hn.load_state` returns; a PyTorch .pt/.pth file (torch.save's zip
+    format) what `torch.load(f, weights_only=True)` returns, with hybridnet tensors; a JSON
+    graph (`hn.export(..., format="json")`) a LoadedFunction, compiled by the JIT's
+    pipeline (kernel caches included; `backend` picks the compiler). `f`: a path or a
+    binary file object. Everything loads to the CPU (`map_location` may name only the
+    CPU; a function is accepted and not called); `mmap` is accepted and ignored.
+    `weights_only=False` warns and reads the file the same way: nothing in it is ever
+    executed. docs/serialization.md.
+    """
+    encoding = serialize.load_options(map_location, pickle_module, weights_only, mmap,
+                                      pickle_load_args)
+    with serialize.Source(f) as source:
+        kind = source.kind()
+        if kind != "graph":
+            return source.load(kind, encoding)
+        sidecar = None if source.folder is None else _sidecar_reader(source.folder)
+        exported = graph_file.loads(source.rest(), sidecar)
     return LoadedFunction(exported, backend)
 
 

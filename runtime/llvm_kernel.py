@@ -55,6 +55,13 @@ def _forget_pool():
     _POOL.clear()
 
 
+def reset_pool() -> None:
+    """Let the worker threads go; the next parallel kernel starts a pool of threads()."""
+    for pool in _POOL:
+        pool.shutdown(wait=False)
+    _POOL.clear()
+
+
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
 

@@ -1,7 +1,12 @@
-"""hn.save / hn.load_state: npz round trips, atomic writes and every kind of bad file."""
+"""hn.save / hn.load_state: npz round trips, atomic writes and every kind of bad file; hn.load
+deciding by content; hn.onnx.export; hn.set_num_threads. (PyTorch files: test_torch_pt.py.)"""
 
+import io
 import json
 import os
+import pickle
+import subprocess
+import sys
 import zipfile
 
 import numpy as np
@@ -9,6 +14,7 @@ import pytest
 from nn_refs import np_of
 
 import hybridnet as hn
+from compiler.errors import ExportError
 
 nn = hn.nn
 META = "__hybridnet__"
@@ -341,3 +347,192 @@ def test_other_format_numbers(tmp_path, fmt):
     path = _write_npz(tmp_path / "f.npz", {"format": fmt, "tree": {"t": "value", "v": 1}})
     with pytest.raises(hn.SerializationError, match="format"):
         hn.load_state(path)
+
+
+# ---- file objects ---------------------------------------------------------------------
+
+
+def test_save_and_load_through_file_objects(tmp_path):
+    model = Model()
+    buf = io.BytesIO()
+    hn.save(model.state_dict(), buf)
+    for reader in (hn.load_state, hn.load):
+        buf.seek(0)
+        back = reader(buf)
+        assert list(back) == list(model.state_dict())
+        np.testing.assert_array_equal(np_of(back["fc.weight"]), np_of(model.fc.weight))
+    path = tmp_path / "f.bin"
+    with open(path, "wb") as f:
+        f.write(b"header")  # (read from the file's current position, as torch does)
+        start = f.tell()
+        hn.save({"x": hn.ones(2)}, f)
+    with open(path, "rb") as f:
+        f.seek(start)
+        assert np_of(hn.load(f)["x"]).tolist() == [1.0, 1.0]
+        assert not f.closed
+    with open(path, "w") as text, pytest.raises(TypeError, match="binary mode"):
+        hn.save({"x": hn.ones(1)}, text)
+    with pytest.raises(TypeError, match="path .* or a binary file object"):
+        hn.save({"x": hn.ones(1)}, 42)
+
+
+@pytest.mark.parametrize("kind", ["model", "optimizer", "nested"])
+def test_saving_a_whole_model_or_optimizer_says_to_save_its_state_dict(tmp_path, kind):
+    model = Model()
+    obj = {"model": model, "optim": hn.optim.SGD(model.parameters(), lr=0.1)}
+    target = obj if kind == "nested" else obj["model" if kind == "model" else "optim"]
+    word = "optimizer" if kind == "optimizer" else "model"
+    with pytest.raises(hn.SerializationError,
+                       match=rf"whole .*\({word}\).*hn.save\({word}.state_dict\(\), path\)"):
+        hn.save(target, tmp_path / "m.npz")
+    assert _listing(tmp_path) == []
+
+
+# ---- hn.load: decided by the content --------------------------------------------------
+
+
+def test_load_reads_hn_save_files_whatever_their_name(tmp_path):
+    path = tmp_path / "model.pt"
+    hn.save({"w": hn.full((2,), 3.0), "step": 4}, path)
+    back = hn.load(path)
+    assert back["step"] == 4 and np_of(back["w"]).tolist() == [3.0, 3.0]
+    plain = _write_npz(tmp_path / "plain.npz", a=np.arange(3))
+    assert np_of(hn.load(plain)["a"]).tolist() == [0, 1, 2]
+
+
+def test_load_reads_graphs_from_paths_and_file_objects(tmp_path):
+    model = nn.Linear(3, 2)
+    x = hn.randn(4, 3)
+    path = tmp_path / "g.json"
+    hn.export(model, x, path=path)
+    want = np_of(model(x))
+    with open(path, "rb") as f:
+        for source in (path, str(path), f, io.BytesIO(path.read_bytes())):
+            loaded = hn.load(source)
+            assert isinstance(loaded, hn.LoadedFunction)
+            np.testing.assert_allclose(np_of(loaded(x)), want, rtol=1e-6)
+    big = nn.Linear(600, 600)  # weights in a sidecar next to the graph file
+    hn.export(big, hn.randn(1, 600), path=path)
+    with open(path, "rb") as f:
+        assert isinstance(hn.load(f), hn.LoadedFunction)
+    with pytest.raises(ExportError, match="sidecar"):
+        hn.load(io.BytesIO(path.read_bytes()))
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"", "an empty file"),
+    (b"\x00\x01garbage", "unknown content"),
+    (b"just text\n", "unknown content"),
+    (pickle.dumps({"a": 1}), "plain pickle"),
+    (b"PK\x03\x04" + bytes(200), "damaged or truncated zip"),
+], ids=["empty", "binary", "text", "pickle", "bad-zip"])
+def test_load_of_unknown_content(tmp_path, content, message):
+    path = tmp_path / "x.pt"
+    path.write_bytes(content)
+    with pytest.raises(hn.SerializationError, match=message):
+        hn.load(path)
+
+
+def test_load_of_other_zip_archives(tmp_path):
+    path = tmp_path / "other.zip"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("readme.txt", "hello")
+    with pytest.raises(hn.SerializationError, match="neither hn.save"):
+        hn.load(path)
+
+
+def test_load_of_truncated_hn_save_files(tmp_path):
+    good = tmp_path / "good.npz"
+    hn.save({"w": hn.ones(30), "n": [1, 2]}, good)
+    data = good.read_bytes()
+    for n in range(1, len(data), 41):
+        with pytest.raises(hn.SerializationError):
+            hn.load(io.BytesIO(data[:n]))
+
+
+def test_load_of_missing_or_unreadable_files(tmp_path):
+    with pytest.raises(FileNotFoundError) as info:
+        hn.load(tmp_path / "missing.pt")
+    assert isinstance(info.value, ExportError) and "cannot read" in str(info.value)
+    with pytest.raises(OSError, match="cannot read"):
+        hn.load(tmp_path)
+
+
+# ---- hn.onnx.export -------------------------------------------------------------------
+
+
+def test_onnx_export_with_pytorch_arguments(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    hn.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    x = hn.randn(2, 4)
+    path = tmp_path / "m.onnx"
+    data = hn.onnx.export(model, (x,), path, input_names=["input"], output_names=["logits"],
+                          opset_version=18, verbose=False, do_constant_folding=True,
+                          dynamo=False)
+    assert path.read_bytes() == data
+    buf = io.BytesIO()
+    assert hn.onnx.export(model, x, buf, input_names=["input"], output_names=["logits"],
+                          opset_version=18) == data
+    assert buf.getvalue() == data
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in sess.get_inputs()] == ["input"]
+    assert [o.name for o in sess.get_outputs()] == ["logits"]
+    np.testing.assert_allclose(sess.run(None, {"input": np_of(x)})[0], np_of(model(x)),
+                               rtol=1e-6)
+    assert hn.onnx.export(model, x) == hn.export(model, x, format="onnx")  # f=None: bytes
+
+
+def test_onnx_export_keyword_arguments_and_refused_options():
+    pytest.importorskip("onnx")
+
+    def fn(a, b, scale=2.0):
+        return a * scale + b
+
+    a, b = hn.ones(2), hn.ones(2)
+    assert hn.onnx.export(fn, (a,), kwargs={"b": b}) == hn.onnx.export(fn, (a, b))
+    for option, value in [("dynamic_axes", {"a": {0: "batch"}}), ("export_params", False),
+                          ("keep_initializers_as_inputs", True), ("custom_opsets", {"x": 1})]:
+        with pytest.raises(ExportError, match=f"{option} is not supported"):
+            hn.onnx.export(fn, (a, b), **{option: value})
+    with pytest.raises(ExportError, match="at most 2 non-empty strings"):
+        hn.onnx.export(fn, (a, b), input_names=["a", "b", "c"])
+    with pytest.raises(ExportError, match="used twice"):
+        hn.onnx.export(fn, (a, b), input_names=["x", "x"])
+    with pytest.raises(ExportError, match="opset 11 is not supported"):
+        hn.onnx.export(fn, (a, b), opset_version=11)
+
+
+# ---- threads --------------------------------------------------------------------------
+
+
+def test_set_num_threads_in_a_fresh_process():
+    code = (
+        "import numpy as np, hybridnet as hn\n"
+        "from compiler import blas\n"
+        "from runtime import llvm_kernel\n"
+        "assert hn.get_num_threads() >= 1\n"
+        "hn.set_num_threads(1)\n"
+        "assert hn.get_num_threads() == 1 and blas._wide[0] == 1\n"
+        "assert set(blas.threads().values()) == {1}\n"
+        "hn.set_num_threads(3)\n"
+        "assert hn.get_num_threads() == 3 and llvm_kernel.threads() == 3\n"
+        "assert blas._wide[0] == 3\n"
+        "f = hn.trace(lambda a, b: (a * b + 1.0).sum(1))\n"
+        "a, b = hn.randn(1024, 1100), hn.randn(1024, 1100)\n"
+        "np.testing.assert_allclose(f(a, b).numpy(), ((a * b + 1.0).sum(1)).numpy(), "
+        "rtol=1e-4)\n"
+        "for bad in (0, -1, 1.5, True):\n"
+        "    try:\n"
+        "        hn.set_num_threads(bad)\n"
+        "    except RuntimeError:\n"
+        "        pass\n"
+        "    else:\n"
+        "        raise AssertionError(bad)\n"
+        "print('ok')\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HYBRIDNET_THREADS", "HYBRIDNET_BLAS_THREADS")}
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
