@@ -264,8 +264,9 @@ def pad(input, pad, mode: str = "constant", value=None):
     for i, size in enumerate(input.shape):
         j = 2 * (input.ndim - 1 - i)
         lo, hi = (pad[j], pad[j + 1]) if j < len(pad) else (0, 0)
-        if size + lo + hi < 0:
-            raise ValueError(f"pad: {pad} makes dim {i} of {_desc(input)} negative")
+        if size + min(lo, 0) + min(hi, 0) < 0:
+            raise ValueError(f"pad: {pad} crops {-min(lo, 0) - min(hi, 0)} elements from dim "
+                             f"{i} of {_desc(input)}, which has {size}")
         grow.append((max(lo, 0), max(hi, 0)))
         crop.append((max(-lo, 0), size - max(-hi, 0)))
     x = input
@@ -276,7 +277,7 @@ def pad(input, pad, mode: str = "constant", value=None):
     shape = tuple(s + lo + hi for s, (lo, hi) in zip(x.shape, grow))
     index = tuple((lo, lo + s, 1) for s, (lo, _) in zip(x.shape, grow))
     out = apply("pad_slice", (x,), {"shape": shape, "index": index})
-    if not value:
+    if value is None or (value == 0 and not np.signbit(value)):
         return out
     border = np.ones(shape, dtype=bool)
     border[tuple(slice(a, b) for a, b, _ in index)] = False

@@ -27,13 +27,13 @@ def pool_out(op, size, k, s, p, d, ceil_mode, x=None) -> int:
     over the end, but must start inside the input or its left padding)."""
     span = d * (k - 1) + 1
     room = size + 2 * p - span
-    if room < 0:
-        given = "" if x is None else f" of {_desc(x)}"
-        raise ShapeError(f"{op}: kernel size {k} (dilation {d}) spans {span}, more than the "
-                         f"input size {size}{given} padded by {p} on each side")
     out = (-(-room // s) if ceil_mode else room // s) + 1
     if ceil_mode and (out - 1) * s >= size + p:
         out -= 1
+    if out < 1:  # (ceil_mode keeps a window hanging over the end: PyTorch's rule)
+        given = "" if x is None else f" of {_desc(x)}"
+        raise ShapeError(f"{op}: kernel size {k} (dilation {d}) spans {span}, more than the "
+                         f"input size {size}{given} padded by {p} on each side")
     return out
 
 
@@ -224,18 +224,18 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         if t is not None and tuple(t.shape) != (c,):
             raise ShapeError(f"{op}: {name} {_desc(t)} must have shape [{c}] for input "
                              f"{_desc(input)}")
-    dims = (0,) + tuple(range(2, input.ndim))
     bshape = (1, c) + (1,) * (input.ndim - 2)
     if training:
         count = input.numel() // max(c, 1)
-        if count <= 1:
+        if count == 1:
             raise ValueError(f"{op}: expected more than 1 value per channel when training, got "
                              f"input size {list(input.shape)}")
-        mean = _f.mean(input, dims, keepdim=True)
+        mean = _channel_mean(input, count)
         centered = input - mean
-        var = _f.mean(centered * centered, dims, keepdim=True)
+        var = _channel_mean(centered * centered, count)
         out = centered * _f.rsqrt(var + eps)
-        _move(running_mean, running_var, mean, var, momentum, count, c)
+        if count:  # (an empty batch leaves the running statistics as they are)
+            _move(running_mean, running_var, mean, var, momentum, count, c)
     else:
         if running_mean is None or running_var is None:
             raise ValueError(f"{op}: running_mean and running_var are needed when not training")
@@ -246,6 +246,16 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     if bias is not None:
         out = out + reshape(bias, *bshape)
     return out
+
+
+def _channel_mean(x, count):
+    """Mean over every dim but 1, keepdim: the spatial dims first, then the batch (two
+    shorter sums; compiled code adds in order, so one long sum over every element of a
+    channel would lose digits in float32)."""
+    if x.ndim > 2:
+        x = _f.sum(x, tuple(range(2, x.ndim)), keepdim=True)
+    total = _f.sum(x, 0, keepdim=True)
+    return total / count if count else total * float("nan")
 
 
 def _move(running_mean, running_var, mean, var, momentum, count, c):
