@@ -1,7 +1,7 @@
 """Adversarial regression tests for the CNN support (docs/conv.md): each pins a case
 where hybridnet differs from PyTorch (the oracle) or the traced function from eager.
 
-Found by review; every test here fails until its bug is fixed.
+Found by review; each test failed before its fix landed.
 """
 
 import numpy as np
