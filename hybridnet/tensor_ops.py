@@ -164,6 +164,18 @@ def bmm(input, mat2):
     return F.matmul(input, mat2)
 
 
+def matrix_trace(input):
+    """The sum of the main diagonal of a 2-D tensor (PyTorch's torch.trace(input); given
+    a function or module, hn.trace is the JIT instead)."""
+    if input.ndim != 2:
+        raise ShapeError(f"trace: expected a matrix (2-D), got {_desc(input)}")
+    n, m = input.shape
+    diag = np.arange(min(n, m), dtype=np.int64) * (m + 1)
+    x = input if input._data.dtype.kind in "fc" or input._data.dtype == np.int64 else \
+        cast(input, np.dtype(np.int64))
+    return F.sum(apply("take", (reshape(x, -1), literal(diag)), {"dim": 0}))
+
+
 # ---- selection ------------------------------------------------------------------------
 
 
@@ -514,7 +526,8 @@ METHODS = {
     "index_select": index_select, "flip": flip, "roll": roll, "repeat": repeat,
     "tile": tile, "tril": tril, "triu": triu, "norm": norm, "any": any_, "all": all_,
     "cumsum": cumsum, "argsort": argsort, "sort": sort, "topk": topk,
-    "ndimension": lambda self: self.ndim, "nelement": lambda self: self.numel(),
+    "trace": matrix_trace, "ndimension": lambda self: self.ndim,
+    "nelement": lambda self: self.numel(),
     "reshape_as": lambda self, other: reshape(self, *other.shape),
     "is_floating_point": lambda self: self._data.dtype.kind == "f",
     "element_size": lambda self: self._data.dtype.itemsize,

@@ -192,3 +192,18 @@ def test_bad_input_raises_clearly(bad, match):
     with pytest.raises((ValueError, TypeError, IndexError, hn.ShapeError, hn.DTypeError),
                        match=match):
         bad()
+
+
+def test_trace_of_a_tensor_is_the_matrix_trace_as_torch():
+    a = RNG.standard_normal((3, 4))
+    x, t = hn.tensor(a, requires_grad=True), torch.tensor(a, requires_grad=True)
+    got, want = hn.trace(x), torch.trace(t)
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    assert x.trace().item() == pytest.approx(want.item(), rel=1e-12)
+    got.backward()
+    want.backward()
+    np.testing.assert_array_equal(x.grad.numpy(), t.grad.numpy())
+    assert hn.trace(hn.tensor([[1, 2], [3, 4]])).dtype == hn.int64
+    with pytest.raises(hn.ShapeError, match="matrix"):
+        hn.trace(hn.ones(3))
+    assert isinstance(hn.trace(lambda v: v * 2), hn.TracedFunction)  # functions: the JIT

@@ -333,3 +333,17 @@ def test_defaults_of_a_forward_are_guarded_cheaply_when_immutable_and_fully_when
     with hn.no_grad():
         g(x), g(x)
     assert "__defaults__ is" in g.guard_source and "EK(" not in g.guard_source
+
+
+def test_an_attribute_named_like_a_global_is_not_a_global_read():
+    """`x.data` names `data` in co_names; a module global `data` that changes must not
+    make every call a new specialization (only LOAD_GLOBAL names are the key)."""
+    import types as _types
+    mod = _types.ModuleType("attr_vs_global")
+    exec("def step(x):\n    return x.data * 2\n", mod.__dict__)
+    traced = hn.trace(mod.step)
+    with hn.no_grad():
+        for i in range(4):
+            mod.data = i
+            traced(hn.ones(2))
+    assert traced.stats.compiled_calls == 3, traced.stats.events

@@ -8,6 +8,7 @@ reads (`.grad`, optimizer settings, container attributes of modules) are checked
 trace instead (`reads.py`).
 """
 
+import dis
 import functools
 import hashlib
 import sys
@@ -105,10 +106,19 @@ def env_names(fn):
     glb = getattr(fn, "__globals__", None)
     if code is None or glb is None:
         return ()
+    return tuple(n for n in _global_loads(code) if n in glb)
+
+
+@functools.lru_cache(maxsize=4096)
+def _global_loads(code) -> tuple:
+    """The names `code` (and the code nested in it) loads as globals: co_names holds
+    attribute names too (`x.data` must not make a global `data` part of the key)."""
     names, stack = [], [code]
     while stack:
         c = stack.pop()
-        names.extend(n for n in c.co_names if n in glb and n not in names)
+        for ins in dis.get_instructions(c):
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and ins.argval not in names:
+                names.append(ins.argval)
         stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
     return tuple(names)
 

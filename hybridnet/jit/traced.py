@@ -23,6 +23,8 @@ from .._state import STATE
 from ..capture import TraceRecorder
 from ..dispatch import node_of
 from ..nn.module import STRUCTURE_VERSION, Module
+from ..tensor import Tensor
+from ..tensor_ops import matrix_trace
 from .build import Untraceable, build
 from .compile import LoweringError, compile_trace
 from .dynamic import (
@@ -496,5 +498,7 @@ def trace(fn=None, *, backend=None, dynamic=None, cache_limit=8):
     """
     if fn is None:
         return lambda f: trace(f, backend=backend, dynamic=dynamic, cache_limit=cache_limit)
+    if isinstance(fn, Tensor):  # torch.trace(matrix): the sum of its diagonal
+        return matrix_trace(fn)
     cls = TracedModule if isinstance(fn, Module) else TracedFunction
     return cls(fn, backend, dynamic, cache_limit)
