@@ -73,3 +73,8 @@ def note_clamp(size: int) -> None:
     tracer = STATE.tracer
     if tracer is not None:
         tracer.note_clamp(size)
+
+# While a call is recorded: id(alias) -> (weakref(alias), weakref(base)) for each tensor
+# `base.data` gave. An in-place update of such an alias is an update of its base
+# (hybridnet.inplace), as in PyTorch, where `p.data.add_(...)` changes p.
+DATA_ALIASES = {}

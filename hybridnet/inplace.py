@@ -13,13 +13,38 @@ from compiler import dtypes as cd
 from compiler.errors import DTypeError, ShapeError
 from compiler.ops import REGISTRY, Trait
 
-from ._state import STATE
+from ._state import DATA_ALIASES, STATE
 from .dispatch import binary, cast, common_dtype
 from .functional import clamp, where
 from .shape import clone, expand
 from .tensor import Tensor, literal, version_counter
 
 _UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide}
+
+
+def _data_base(t):
+    """While a call is recorded: the tensor whose `.data` `t` is (same buffer), or None.
+    `p.data.add_(...)` updates p itself, untracked by autograd, as in PyTorch; recording
+    it as an update of p lets a traced step write p back (a update through an alias of
+    p's buffer could not be replayed)."""
+    if not STATE.recorders:
+        return None
+    entry = DATA_ALIASES.get(id(t))
+    if entry is None or entry[0]() is not t:
+        return None
+    base = entry[1]()
+    return base if base is not None and base._data is t._data else None
+
+
+def _through_base(t, base, update):
+    """Run `update(base)` without autograd and rebind the alias to the result."""
+    grad, STATE.grad = STATE.grad, False
+    try:
+        update(base)
+    finally:
+        STATE.grad = grad
+    t._node = base._node
+    return t
 
 
 def _check_leaf(t, name):
@@ -77,6 +102,9 @@ def write_result(t, res: Tensor, name: str) -> Tensor:
 def binary_(t, name, other, alpha=1):
     """t <- t (op) other, in place."""
     label = name + "_"
+    base = _data_base(t)
+    if base is not None:
+        return _through_base(t, base, lambda b: binary_(b, name, other, alpha))
     _check_leaf(t, label)
     if not (type(alpha) in (int, float) and alpha == 1):  # (a traced step's alpha: a tensor)
         other = other * alpha
@@ -117,6 +145,9 @@ def div_(self, other):
 
 def fill_(self, value):
     """Set every element to `value`, in place."""
+    base = _data_base(self)
+    if base is not None:
+        return _through_base(self, base, lambda b: fill_(b, value))
     _check_leaf(self, "fill_")
     if _needs_recording(self, value):
         return write_result(self, _overwrite(self, value), "fill_")
@@ -138,6 +169,9 @@ def zero_(self):
 
 def copy_(self, src):
     """Copy `src` (broadcast to self's shape, cast to self's dtype) into self."""
+    base = _data_base(self)
+    if base is not None:
+        return _through_base(self, base, lambda b: copy_(b, src))
     _check_leaf(self, "copy_")
     if not isinstance(src, Tensor):
         src = literal(np.asarray(src))
@@ -155,6 +189,9 @@ def copy_(self, src):
 
 def clamp_(self, min=None, max=None):  # noqa: A002
     """Clamp into [min, max], in place."""
+    base = _data_base(self)
+    if base is not None:
+        return _through_base(self, base, lambda b: clamp_(b, min, max))
     _check_leaf(self, "clamp_")
     if _needs_recording(self, None):
         return write_result(self, clamp(snapshot(self), min, max), "clamp_")

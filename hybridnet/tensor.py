@@ -8,12 +8,14 @@ are bound onto the type by `hybridnet._methods` once the op modules exist, and a
 trace being recorded hears about reads through `STATE.tracer` (the hook table).
 """
 
+import weakref
+
 import numpy as np
 
 from compiler import dtypes as cd
 
 from . import dtypes as hd
-from ._state import STATE, note_untraceable, note_value
+from ._state import DATA_ALIASES, STATE, note_untraceable, note_value
 
 
 class Tensor:
@@ -49,7 +51,17 @@ class Tensor:
     @property
     def data(self) -> "Tensor":
         """The same values, detached from autograd (shares memory)."""
-        return self.detach()
+        if not STATE.recorders:
+            return self.detach()
+        grad, STATE.grad = STATE.grad, False  # (no new autograd leaf for an updated tensor)
+        try:
+            alias = self.detach()
+        finally:
+            STATE.grad = grad
+        key = id(alias)
+        DATA_ALIASES[key] = (weakref.ref(alias, lambda _: DATA_ALIASES.pop(key, None)),
+                             weakref.ref(self))
+        return alias
 
     @data.setter
     def data(self, value):

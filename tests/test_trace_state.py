@@ -377,3 +377,33 @@ def test_side_exit_event_says_which_value_changed():
             f(hn.full((3,), v))
     exits = [e["detail"] for e in f.stats.events if e["kind"] == "side_exit"]
     assert exits and "saw True while tracing, False now" in exits[0]
+
+
+def test_update_through_param_data_is_traced_and_matches_eager():
+    """PyTorch's word_language_model updates with `p.data.add_(p.grad, alpha=-lr)`: an
+    in-place op on the `.data` alias of a parameter changes the parameter (untracked by
+    autograd). Traced, it is an update of the parameter written back after the call."""
+    def make():
+        hn.manual_seed(0)
+        lin = hn.nn.Linear(3, 2)
+
+        def step(x, lr):
+            loss = (lin(x) ** 2).sum()
+            lin.zero_grad()
+            loss.backward()
+            for p in lin.parameters():
+                p.data.add_(p.grad, alpha=-lr)
+            lin.weight.data.clamp_(-0.5, 0.5)
+            return loss.detach()
+        return lin, step
+    (lin_e, step_e), (lin_t, step_t) = make(), make()
+    traced = hn.trace(step_t)
+    x = hn.randn(4, 3)
+    for k in range(5):
+        le, lt = step_e(x, 0.1), traced(x, 0.1)
+        assert abs(le.item() - lt.item()) <= 1e-5 * max(1.0, abs(le.item()))
+        for pe, pt in zip(lin_e.parameters(), lin_t.parameters()):
+            np.testing.assert_allclose(pt.detach().numpy(), pe.detach().numpy(), rtol=1e-6,
+                                       atol=1e-7)
+            assert pt.requires_grad and pt.is_leaf
+    assert traced.stats.compiled_calls >= 3, traced.stats.events
