@@ -399,7 +399,7 @@ def test_update_through_param_data_is_traced_and_matches_eager():
     (lin_e, step_e), (lin_t, step_t) = make(), make()
     traced = hn.trace(step_t)
     x = hn.randn(4, 3)
-    for k in range(5):
+    for _ in range(5):
         le, lt = step_e(x, 0.1), traced(x, 0.1)
         assert abs(le.item() - lt.item()) <= 1e-5 * max(1.0, abs(le.item()))
         for pe, pt in zip(lin_e.parameters(), lin_t.parameters()):
