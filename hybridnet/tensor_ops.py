@@ -348,16 +348,7 @@ def triu(input, diagonal=0):
 # ---- scans and orderings --------------------------------------------------------------
 
 
-class SortResult(tuple):
-    """(values, indices), as PyTorch's torch.return_types.sort / topk."""
-
-    @property
-    def values(self):
-        return self[0]
-
-    @property
-    def indices(self):
-        return self[1]
+SortResult = F.MaxResult  # (values, indices), as torch.return_types.sort / topk
 
 
 def cumsum(input, dim, dtype=None):
