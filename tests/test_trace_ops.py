@@ -149,7 +149,7 @@ LLVM_OPS = {"abs", "add", "cast", "cos", "detach", "div", "eq", "erf", "exp", "e
             "gt", "le", "log", "lt", "max", "maximum", "min", "minimum", "mul", "ne", "neg",
             "pow", "sigmoid", "sign", "sin", "sqrt", "sub", "sum", "tanh", "where", "reshape",
             "permute", "slice", "pad_slice", "cat", "take", "scatter_add", "matmul", "argmax",
-           "argmin", "unfold", "fold"}
+           "argmin", "unfold", "fold", "cumsum"}
 # Cases of those ops that still go to numba, with words of the reason.
 LLVM_FALLBACK = {"int-matmul-batched": "matmul on int64", "pow-int": "pow on int"}
 

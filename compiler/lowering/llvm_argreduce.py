@@ -1,6 +1,6 @@
-"""argmax / argmin in the llvm backend: for each (before, after) block around the
-reduced dim, a scan keeping the first extreme, as NumPy: the first NaN wins and ends
-the search (compiler.lowering.node_rules._argreduce is the numba twin)."""
+"""argmax / argmin and cumsum in the llvm backend: for each (before, after) block around
+the dim, a scan: keeping the first extreme, as NumPy (the first NaN wins and ends the
+search; compiler.lowering.node_rules._argreduce is the numba twin), or a running sum."""
 
 import math
 
@@ -47,3 +47,26 @@ def argreduce(em, node):
                     b.store(c, best)
                     b.store(q, where)
             em.store(flat, [b.add(b.mul(p, I64(bsz)), r)], b.load(where))
+
+
+def cumsum(em, node):
+    """out[p, q, r] = out[p, q - 1, r] + x[p, q, r], in order (as NumPy's cumsum)."""
+    src = node.inputs[0]
+    shape, dim = tuple(src.shape), node.attrs["dim"]
+    a = math.prod(shape[:dim]) if shape else 1
+    n = shape[dim] if shape else 1
+    bsz = math.prod(shape[dim + 1:]) if shape else 1
+    x = _flat(em, src)
+    _, flat = _flat_out(em, node)
+    b = em.b
+    total = em.alloca(S.ir_type(np.dtype(node.dtype)))
+    with em.loop(a) as p:
+        with em.loop(bsz) as r:
+            first = em.load(x, [_at(b, p, n, I64(0), bsz, r)])
+            b.store(first, total)
+            em.store(flat, [_at(b, p, n, I64(0), bsz, r)], first)
+            with em.loop(I64(n), start=I64(1)) as q:
+                at = _at(b, p, n, q, bsz, r)
+                value = S.RULES["add"](b, [b.load(total), em.load(x, [at])], node, em)
+                b.store(value, total)
+                em.store(flat, [at], value)

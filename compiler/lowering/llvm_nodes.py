@@ -10,7 +10,7 @@ from llvmlite import ir
 from ..errors import LoweringError
 from ..ir import pad_shape as _pad
 from . import llvm_scalar as S
-from .llvm_argreduce import argreduce
+from .llvm_argreduce import argreduce, cumsum
 from .llvm_buf import I32, I64, Buf, contiguous
 from .llvm_gather import scatter_add, take
 from .llvm_loop import emit_loop
@@ -171,6 +171,6 @@ NODE_RULES = {"reshape": _reshape, "permute": _permute, "slice": _slice,
               "pad_slice": _pad_slice, "cat": _cat, "matmul": _matmul, "loop": _loop,
               "loop_out": lambda em, node: None,  # (the loop binds its outputs)
               "take": take, "scatter_add": scatter_add, "unfold": unfold, "fold": fold,
-              "argmax": argreduce, "argmin": argreduce}
+              "argmax": argreduce, "argmin": argreduce, "cumsum": cumsum}
 
 __all__ = ["NODE_RULES"]

@@ -23,7 +23,7 @@ SCALAR_OPS = frozenset({
     "erf", "where", "cast", "detach", "expand"})
 NODE_OPS = frozenset({"reshape", "permute", "slice", "pad_slice", "cat", "matmul", "loop",
                       "loop_out", "take", "scatter_add", "unfold", "fold",
-                      "argmax", "argmin"})
+                      "argmax", "argmin", "cumsum"})
 LOOP_OPS = frozenset({"loop", "loop_out"})
 REDUCTIONS = frozenset({"sum", "max", "min"})
 DTYPE_KINDS = "fbiu"
