@@ -33,7 +33,9 @@ def _data_base(t):
     if entry is None or entry[0]() is not t:
         return None
     base = entry[1]()
-    return base if base is not None and base._data is t._data else None
+    if base is None or base._data is not t._data or not base.is_leaf:
+        return None  # (a non-leaf keeps its history: the alias update stays a view update)
+    return base
 
 
 def _through_base(t, base, update):
@@ -193,7 +195,13 @@ def clamp_(self, min=None, max=None):  # noqa: A002
     if base is not None:
         return _through_base(self, base, lambda b: clamp_(b, min, max))
     _check_leaf(self, "clamp_")
-    if _needs_recording(self, None):
+    if _needs_recording(self, None) or isinstance(min, Tensor) or isinstance(max, Tensor):
+        if not _needs_recording(self, min if isinstance(min, Tensor) else max):
+            res = clamp(self, min, max)  # (tensor bounds: computed out of place, then stored)
+            _check_result(self, "clamp_", res.shape, res._data.dtype)
+            np.copyto(self._data, res._data, casting="unsafe")
+            version_counter(self)[0] += 1
+            return self
         return write_result(self, clamp(snapshot(self), min, max), "clamp_")
     np.clip(self._data, min, max, out=self._data)
     version_counter(self)[0] += 1

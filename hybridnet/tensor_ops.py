@@ -247,8 +247,21 @@ def gather(input, dim, index):
 
 
 def take_along_dim(input, indices, dim):
-    """gather with the index broadcast as NumPy's take_along_axis (dim given)."""
-    return gather(input, dim, indices)
+    """gather with input and indices broadcast against each other in every dim but
+    `dim` (NumPy's take_along_axis, PyTorch's take_along_dim)."""
+    if indices.ndim != input.ndim:
+        raise ShapeError(f"take_along_dim: input {_desc(input)} and indices "
+                         f"{_desc(indices)} must have the same number of dims")
+    d = _dim("take_along_dim", input, int(dim))
+    try:
+        shape = np.broadcast_shapes(*[tuple(1 if k == d else n for k, n in enumerate(t.shape))
+                                      for t in (input, indices)])
+    except ValueError:
+        raise ShapeError(f"take_along_dim: input {_desc(input)} and indices {_desc(indices)} "
+                         f"do not broadcast outside dim {d}") from None
+    x = input.expand(*[input.shape[k] if k == d else n for k, n in enumerate(shape)])
+    idx = indices.expand(*[indices.shape[k] if k == d else n for k, n in enumerate(shape)])
+    return gather(x, d, idx)
 
 
 def scatter_add(input, dim, index, src):
@@ -270,6 +283,9 @@ def index_select(input, dim, index):
         raise ShapeError(f"index_select: index must be a 0-D or 1-D integer tensor, got "
                          f"{getattr(index, 'shape', index)!r}")
     d = _dim("index_select", input, int(dim))
+    if index.numel() and bool((index < 0).any()):
+        raise IndexError(f"index_select: index {int(index._data.min())} is out of range for "
+                         f"dim {d} of {_desc(input)} (negative indices are not allowed)")
     return apply("take", (input, reshape(index, -1)), {"dim": d})
 
 

@@ -21,6 +21,7 @@ import io
 import math
 import pickle
 import pickletools
+import reprlib
 import warnings
 from collections import OrderedDict
 
@@ -33,7 +34,18 @@ from .serialize_errors import SerializationError
 from .tensor import Tensor, wrap
 
 PICKLE_LIMIT = 256 << 20  # bytes of data.pkl read at most (a state dict's is ~100 B a tensor)
-EXPAND_LIMIT = 1 << 24  # elements a tensor may have beyond its storage's (broadcast views)
+EXPAND_LIMIT = 1 << 24  # elements a file's tensors may have beyond their storages' (views)
+_REPR = reprlib.Repr()
+for _name in ("maxlist", "maxtuple", "maxdict", "maxset", "maxfrozenset", "maxdeque",
+              "maxarray"):
+    setattr(_REPR, _name, 4)
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 40, 40, 40
+
+
+def _short(value, limit: int) -> str:
+    """A bounded repr for error messages (a crafted file's value may hold one object
+    many times over: its full repr could take gigabytes)."""
+    return _REPR.repr(value)[:limit]
 MAX_DIMS = 32
 
 # torch dtype name -> (raw little-endian NumPy dtype in the file, NumPy dtype loaded as)
@@ -102,7 +114,7 @@ def _check_ints(value, what, low=0):
     if not isinstance(value, (tuple, list)) or len(value) > MAX_DIMS or not all(
             type(v) is int and v >= low for v in value):
         raise SerializationError(f"{what} must be a tuple of at most {MAX_DIMS} integers "
-                                 f">= {low}, got {value!r:.80}")
+                                 f">= {low}, got {_short(value, 80)}")
     return tuple(value)
 
 
@@ -113,6 +125,7 @@ class _Reader(pickle._Unpickler):
         super().__init__(file, encoding=encoding)
         self.archive = archive
         self.storages = {}
+        self.expanded = 0  # elements the file's tensors hold beyond their storages
 
     # ---- the two hooks pickle.Unpickler offers ------------------------------------------
 
@@ -139,12 +152,13 @@ class _Reader(pickle._Unpickler):
 
     def persistent_load(self, pid):
         if type(pid) is not tuple or len(pid) != 5 or pid[0] not in ("storage", b"storage"):
-            raise _refuse(f"{self.archive.label}: refused the persistent id {pid!r:.80}")
+            raise _refuse(f"{self.archive.label}: refused the persistent id {_short(pid, 80)}")
         _, kind, key, _location, numel = pid  # (the location: everything loads to the CPU)
         if not isinstance(kind, _Marker) or kind.dtype is None and kind.name != "UntypedStorage":
-            raise SerializationError(f"{self.archive.label}: a storage of type {kind!r:.60}")
+            raise SerializationError(f"{self.archive.label}: a storage of type {_short(kind, 60)}")
         if type(key) is not str or type(numel) is not int or numel < 0:
-            raise SerializationError(f"{self.archive.label}: a malformed storage id {pid!r:.80}")
+            raise SerializationError(f"{self.archive.label}: a malformed storage id "
+                                     f"{_short(pid, 80)}")
         nbytes = numel * (np.dtype(_DTYPES[kind.dtype][0]).itemsize if kind.dtype else 1)
         found = self.storages.get(key)
         if found is None:
@@ -161,14 +175,14 @@ class _Reader(pickle._Unpickler):
         args = self.stack.pop()
         func = self.stack[-1]
         if not isinstance(func, _Marker) or func.call is None:
-            raise _refuse(f"{self.archive.label}: refused to call {func!r:.60}")
+            raise _refuse(f"{self.archive.label}: refused to call {_short(func, 60)}")
         if type(args) is not tuple:
             raise SerializationError(f"{self.archive.label}: {func.name} called with "
                                      f"{type(args).__name__} arguments")
         try:
             self.stack[-1] = func.call(self, *args)
         except TypeError as exc:
-            raise SerializationError(f"{self.archive.label}: {func.name}{args!r:.100}: "
+            raise SerializationError(f"{self.archive.label}: {func.name}{_short(args, 100)}: "
                                      f"{exc}") from None
 
     def _build(self):
@@ -178,14 +192,14 @@ class _Reader(pickle._Unpickler):
                 type(k) is str and not hasattr(OrderedDict, k) for k in state):
             what = inst.name if isinstance(inst, _Marker) else type(inst).__name__
             raise _refuse(f"{self.archive.label}: refused to set the state of {what} to "
-                          f"{state!r:.60}")
+                          f"{_short(state, 60)}")
         inst.__dict__.update(state)  # (state_dict()'s _metadata)
 
     def _newobj(self):
         args = self.stack.pop()
         cls = self.stack.pop()
         if cls is not _GLOBALS["collections.OrderedDict"] or type(args) is not tuple or args:
-            raise _refuse(f"{self.archive.label}: refused to create a {cls!r:.60}")
+            raise _refuse(f"{self.archive.label}: refused to create a {_short(cls, 60)}")
         self.append(OrderedDict())
 
     def _target(self, kinds, op):
@@ -225,7 +239,7 @@ def _tensor(reader, storage, offset, size, stride, requires_grad, dtype=None) ->
     """The tensor `size`/`stride` (elements) at `offset` in `storage`, copied."""
     label = reader.archive.label
     if not isinstance(storage, _Storage):
-        raise SerializationError(f"{label}: a tensor's storage is {storage!r:.60}")
+        raise SerializationError(f"{label}: a tensor's storage is {_short(storage, 60)}")
     name = dtype or storage.dtype
     if name is None:
         raise SerializationError(f"{label}: a tensor on an untyped storage without a dtype")
@@ -233,7 +247,7 @@ def _tensor(reader, storage, offset, size, stride, requires_grad, dtype=None) ->
     size = _check_ints(size, f"{label}: a tensor's size")
     stride = _check_ints(stride, f"{label}: a tensor's stride")
     if type(offset) is not int or offset < 0 or len(stride) != len(size):
-        raise SerializationError(f"{label}: tensor offset {offset!r:.40} / stride "
+        raise SerializationError(f"{label}: tensor offset {_short(offset, 40)} / stride "
                                  f"{stride} do not fit size {size}")
     available = storage.nbytes // raw_dtype.itemsize
     numel = math.prod(size)
@@ -241,10 +255,14 @@ def _tensor(reader, storage, offset, size, stride, requires_grad, dtype=None) ->
         raise SerializationError(f"{label}: a tensor of size {list(size)}, stride "
                                  f"{list(stride)}, offset {offset} reaches past its storage "
                                  f"{storage.key!r} of {available} elements")
-    if numel > max(available, EXPAND_LIMIT):
+    extra = max(0, numel - available)
+    reader.expanded += extra
+    if numel > max(available, EXPAND_LIMIT) or reader.expanded > EXPAND_LIMIT:
         raise SerializationError(f"{label}: a tensor of {numel} elements views a storage of "
-                                 f"{available} (an expanded view); hybridnet copies tensors "
-                                 "on load: save t.contiguous() instead")
+                                 f"{available} (an expanded view), or the file's expanded "
+                                 f"views add up to more than {EXPAND_LIMIT} elements; "
+                                 "hybridnet copies tensors on load: save t.contiguous() "
+                                 "instead")
     if numel == 0:
         data = np.zeros(size, raw_dtype)
     else:
@@ -285,19 +303,19 @@ def _rebuild_tensor_v3(reader, storage, offset, size, stride, requires_grad, bac
                        dtype, metadata=None):
     name = dtype.name if isinstance(dtype, DType) else getattr(dtype, "dtype", None)
     if not isinstance(dtype, (DType, _Marker)) or name not in _DTYPES:
-        raise SerializationError(f"{reader.archive.label}: a tensor of dtype {dtype!r:.40}")
+        raise SerializationError(f"{reader.archive.label}: a tensor of dtype {_short(dtype, 40)}")
     if not isinstance(storage, _Storage) or storage.dtype is not None:
         raise SerializationError(f"{reader.archive.label}: _rebuild_tensor_v3 of "
-                                 f"{storage!r:.40}, not an untyped storage")
+                                 f"{_short(storage, 40)}, not an untyped storage")
     return _tensor(reader, storage, offset, size, stride, requires_grad, name)
 
 
 def _parameter(reader, data, requires_grad=True, backward_hooks=None, state=None):
     if not isinstance(data, Tensor) or type(requires_grad) is not bool:
-        raise SerializationError(f"{reader.archive.label}: a Parameter of {data!r:.40}")
+        raise SerializationError(f"{reader.archive.label}: a Parameter of {_short(data, 40)}")
     if not _empty(state):
         raise _refuse(f"{reader.archive.label}: a Parameter with Python attributes "
-                      f"{state!r:.80}")
+                      f"{_short(state, 80)}")
     return Parameter(data, requires_grad and data.dtype.is_floating_point)
 
 
@@ -305,9 +323,10 @@ def _from_type_v2(reader, func, new_type, args, state):
     if not isinstance(func, _Marker) or func.name not in _REBUILDS or \
             not (new_type is _TENSOR or new_type is _PARAMETER) or type(args) is not tuple:
         raise _refuse(f"{reader.archive.label}: refused _rebuild_from_type_v2 of "
-                      f"{new_type!r:.40}")
+                      f"{_short(new_type, 40)}")
     if not _empty(state):
-        raise _refuse(f"{reader.archive.label}: a tensor with Python attributes {state!r:.80}")
+        raise _refuse(f"{reader.archive.label}: a tensor with Python attributes "
+                      f"{_short(state, 80)}")
     t = func.call(reader, *args)
     return _parameter(reader, t, t.requires_grad) if new_type is _PARAMETER else t
 
@@ -324,27 +343,28 @@ def _size(reader, dims=()):
 
 def _device(reader, kind, index=None):
     if type(kind) is not str or (index is not None and type(index) is not int):
-        raise SerializationError(f"{reader.archive.label}: torch.device{(kind, index)!r:.60}")
+        raise SerializationError(f"{reader.archive.label}: torch.device{_short((kind, index), 60)}")
     return device(kind, index)
 
 
 def _encode(reader, text, encoding="utf-8"):
     if type(text) is not str or encoding not in ("latin1", "latin-1"):
-        raise _refuse(f"{reader.archive.label}: refused _codecs.encode{(text, encoding)!r:.60}")
+        raise _refuse(f"{reader.archive.label}: refused _codecs.encode"
+                      f"{_short((text, encoding), 60)}")
     return text.encode("latin1")
 
 
 def _builtin(kind, types):
     def make(reader, *args):
         if not all(type(a) in types for a in args) or len(args) > 2:
-            raise _refuse(f"{reader.archive.label}: refused {kind.__name__}{args!r:.60}")
+            raise _refuse(f"{reader.archive.label}: refused {kind.__name__}{_short(args, 60)}")
         return kind(*args)
     return make
 
 
 def _ordered_dict(reader, items=()):
     if type(items) not in (list, tuple):
-        raise _refuse(f"{reader.archive.label}: refused OrderedDict({items!r:.60})")
+        raise _refuse(f"{reader.archive.label}: refused OrderedDict({_short(items, 60)})")
     return OrderedDict(items)
 
 

@@ -100,14 +100,18 @@ def test_rl_example_quick(name, capsys):
 
 def test_reinforce_padding_changes_nothing_eagerly():
     rl = load("reinforce_cartpole")
+    common = load("_rl_common")
     rl.torch.manual_seed(0)
     env = load("_cartpole").make()
     env.reset(seed=0)
     policy = rl.Policy()
-    (states, actions, masks), rewards = rl.run_episode(env, policy)
-    batch = (states, actions, masks, rl.discounted_returns(rewards, 0.99))
+    tensors, rewards = rl.run_episode(env, policy)
+    batch = rl.episode_batch(tensors, rewards, 0.99)
+    padded = common.pad_episode(batch, common.bucket(len(rewards)) * 2)
+    assert padded[0].shape[0] == common.bucket(len(rewards)) * 2 > len(rewards)
+    assert [t.dtype for t in padded] == [t.dtype for t in batch]
     grads = []
-    for b in (batch, rl.pad_episode(*batch, rl.bucket(len(rewards)) * 2)):
+    for b in (batch, padded):
         policy.zero_grad()
         probs = policy(b[0], b[2])
         loss = (-rl.Categorical(probs).log_prob(b[1]) * b[3]).sum()

@@ -3,19 +3,21 @@ equal to the last bit), state dicts, errors, and schedules driving a traced trai
 without recompiling it."""
 
 import copy
-import importlib.util
 import math
 import warnings
 
 import numpy as np
 import pytest
+import torch  # noqa: E402,F401  (the oracle: a test extra, never skipped)
 
 import hybridnet as hn
 import hybridnet.nn.functional as F
 from hybridnet import nn
 
-HAS_TORCH = importlib.util.find_spec("torch") is not None
-needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="compared with PyTorch")
+
+def needs_torch(fn):
+    """Marks a test compared with PyTorch (a test extra: always installed)."""
+    return fn
 STEPS = 30
 
 
@@ -105,7 +107,6 @@ ADAM_CASES = {  # cycle_momentum moves Adam's beta1
 
 
 def _run_pair(make, opt_name="SGD", steps=STEPS):
-    import torch
     ours, theirs = _groups(hn, opt_name), _groups(torch, opt_name)
     s_ours, s_theirs = make(hn.optim.lr_scheduler, ours), make(torch.optim.lr_scheduler, theirs)
     assert s_ours.get_last_lr() == s_theirs.get_last_lr()
@@ -154,7 +155,6 @@ def test_cosine_annealing_matches_torch_over_many_periods_and_its_closed_form():
 @pytest.mark.parametrize("name", ["step", "multistep", "exponential", "cosine", "constant",
                                   "linear", "polynomial", "warm_restarts"])
 def test_deprecated_step_with_epoch_uses_the_closed_form(name):
-    import torch
     ours, theirs = _groups(hn), _groups(torch)
     s_ours, s_theirs = CASES[name](hn.optim.lr_scheduler, ours), \
         CASES[name](torch.optim.lr_scheduler, theirs)
@@ -193,7 +193,6 @@ PLATEAU = [
 @needs_torch
 @pytest.mark.parametrize("kw", PLATEAU, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
 def test_reduce_lr_on_plateau_matches_torch(kw):
-    import torch
     ours, theirs = _groups(hn), _groups(torch)
     s_ours = hn.optim.lr_scheduler.ReduceLROnPlateau(ours, **kw)
     s_theirs = torch.optim.lr_scheduler.ReduceLROnPlateau(theirs, **kw)

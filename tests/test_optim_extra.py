@@ -1,17 +1,19 @@
 """RMSprop, Adagrad and Adadelta against torch.optim (float64, tight tolerance), their
 state dicts, errors, and whole traced training steps against eager."""
 
-import importlib.util
 
 import numpy as np
 import pytest
+import torch  # noqa: E402,F401  (the oracle: a test extra, never skipped)
 
 import hybridnet as hn
 import hybridnet.nn.functional as F
 from hybridnet import nn
 
-HAS_TORCH = importlib.util.find_spec("torch") is not None
-needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="compared with PyTorch")
+
+def needs_torch(fn):
+    """Marks a test compared with PyTorch (a test extra: always installed)."""
+    return fn
 STEPS = 8
 A = np.linspace(0.5, 2.0, 12).reshape(3, 4)
 
@@ -67,7 +69,6 @@ def _ids(x):
 @needs_torch
 @pytest.mark.parametrize("name, kw", CONFIGS, ids=_ids)
 def test_against_torch_optim(name, kw):
-    import torch
     params, opt = _run(hn, name, kw)
     tparams, topt = _run(torch, name, kw)
     for p, t in zip(params, tparams):
@@ -91,7 +92,6 @@ def test_against_torch_optim(name, kw):
 @needs_torch
 @pytest.mark.parametrize("name, kw", [CONFIGS[4], CONFIGS[8], CONFIGS[12]], ids=_ids)
 def test_against_torch_optim_float32(name, kw):
-    import torch
     params, _ = _run(hn, name, kw, dtype=np.float32)
     tparams, _ = _run(torch, name, kw, dtype=np.float32)
     for p, t in zip(params, tparams):
@@ -102,7 +102,6 @@ def test_against_torch_optim_float32(name, kw):
 @needs_torch
 @pytest.mark.parametrize("name", ["RMSprop", "Adagrad", "Adadelta"])
 def test_param_groups_and_added_groups_against_torch(name):
-    import torch
 
     def build(lib):
         p1, p2 = (lib.tensor(a, requires_grad=True) for a in _start())
@@ -147,7 +146,6 @@ def test_state_dict_round_trip_continues_identically(name, kw):
 
 @needs_torch
 def test_adagrad_state_exists_from_construction_as_in_torch():
-    import torch
     p = hn.zeros(3, requires_grad=True)
     opt = hn.optim.Adagrad([p], initial_accumulator_value=0.25)
     topt = torch.optim.Adagrad([torch.zeros(3, requires_grad=True)], initial_accumulator_value=0.25)

@@ -12,12 +12,11 @@ from collections import OrderedDict
 
 import numpy as np
 import pytest
+import torch  # noqa: E402  (the oracle: a test extra)
 from nn_refs import np_of
 
 import hybridnet as hn
 from hybridnet import torch_pt
-
-torch = pytest.importorskip("torch")
 
 
 def _saved(obj, **kwargs) -> io.BytesIO:

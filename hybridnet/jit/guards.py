@@ -13,6 +13,7 @@ refreshes its cached versions).
 `guard.source` holds the generated text.
 """
 
+import functools
 import types
 
 from .._state import STATE
@@ -27,6 +28,7 @@ from .keys import (
     env_key,
     env_names,
     env_value_key,
+    missing_globals,
     module_objects_key,
     same_tensors,
 )
@@ -138,6 +140,9 @@ def _reached(w, expr, value, fn):
             isinstance(value, types.ModuleType) and _user_module(value):
         w.complex_env = True  # class or config-module attributes: the full env key
         return
+    if isinstance(value, (types.MethodType, functools.partial)):
+        w.complex_env = True  # its function's environment, its `self` or arguments
+        return
     if isinstance(value, (Tensor, Optimizer)) or isinstance(value, _OPAQUE) or value is None:
         if isinstance(value, types.FunctionType) and _user_defined(value):
             w.complex_env = True  # a helper: what it reads counts too
@@ -170,6 +175,8 @@ def _reach_all(w, fn):
     glb = w.const(fn.__globals__, "GLB")
     for name in env_names(fn):
         _reached(w, f"{glb}.get({name!r})", fn.__globals__.get(name), fn)
+    for name in missing_globals(fn):  # (a builtin a new global would shadow)
+        w.fail_unless(f"{name!r} not in {glb}")
     for cell in fn.__closure__ or ():
         try:
             value = cell.cell_contents

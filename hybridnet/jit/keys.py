@@ -99,6 +99,17 @@ def module_objects_key(module, seen=()):
             tuple(_attrs_key(class_attrs(c), seen + (c,), None) for c in cached[5]))
 
 
+def missing_globals(fn) -> tuple:
+    """The names `fn`'s code may load as globals that its module does not define now
+    (builtins such as `len`): a global defined later under such a name changes what the
+    code reads."""
+    code = getattr(fn, "__code__", None)
+    glb = getattr(fn, "__globals__", None)
+    if code is None or glb is None:
+        return ()
+    return tuple(n for n in _global_loads(code) if n not in glb)
+
+
 def env_names(fn):
     """The global names the function's code mentions (nested comprehensions, lambdas and
     inner functions included)."""
@@ -111,16 +122,27 @@ def env_names(fn):
 
 @functools.lru_cache(maxsize=4096)
 def _global_loads(code) -> tuple:
-    """The names `code` (and the code nested in it) loads as globals: co_names holds
-    attribute names too (`x.data` must not make a global `data` part of the key)."""
+    """The names of `code` (and of the code nested in it) that may name a global: every
+    co_names entry but those only ever used as attributes (`x.data` must not make a
+    global `data` part of the key; `import cfg` inside the function must)."""
     names, stack = [], [code]
     while stack:
         c = stack.pop()
+        attrs, other = set(), set()
         for ins in dis.get_instructions(c):
-            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and ins.argval not in names:
-                names.append(ins.argval)
+            if ins.opname in _ATTRIBUTE_OPS:
+                attrs.add(ins.argval)
+            elif isinstance(ins.argval, str):
+                other.add(ins.argval)  # (LOAD_GLOBAL, LOAD_NAME, IMPORT_NAME, ...)
+        names.extend(n for n in c.co_names if n not in names and (n in other or
+                                                                     n not in attrs))
         stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
     return tuple(names)
+
+
+# Opcodes whose name operand is an attribute, never a global (x.data, x.add_(...)).
+_ATTRIBUTE_OPS = frozenset({"LOAD_ATTR", "STORE_ATTR", "DELETE_ATTR", "LOAD_METHOD",
+                            "LOAD_SUPER_ATTR"})
 
 
 def env_key(fn, names, seen=()):
@@ -190,6 +212,15 @@ def env_value_key(value, seen, glb=None):
         return ("mod", id(value), tuple(  # a config module: its plain settings
             (k, env_value_key(v, seen + (value,), glb)) for k, v in vars(value).items()
             if not k.startswith("_") and isinstance(v, _SIMPLE + (tuple, np.generic))))
+    if isinstance(value, functools.partial):  # what its function reads, and its arguments
+        inner_seen = seen + (value,)
+        return ("partial", env_value_key(value.func, inner_seen, glb),
+                _container_key(value.args, inner_seen, glb),
+                _container_key(dict(value.keywords), inner_seen, glb))
+    if isinstance(value, types.MethodType):  # its function's environment and its `self`
+        inner_seen = seen + (value,)
+        return ("method", env_value_key(value.__func__, inner_seen, glb),
+                env_value_key(value.__self__, inner_seen, glb))
     if isinstance(value, _OPAQUE):
         return ("id", id(value))  # other libraries' functions, classes, builtins: identity
     inner_seen = seen + (value,)

@@ -38,6 +38,7 @@ from .keys import (
     env_key,
     env_names,
     env_value_key,
+    missing_globals,
     module_key,
     same_tensors,
 )
@@ -94,8 +95,10 @@ class TracedFunction(Generalizing):
         self.stats = Stats()
         self.specializations = SpecializationCache(cache_limit)
         self._env_fn = None if self.module is not None else fn  # (modules: module_key)
-        # a bound method: what its `self` holds counts too
-        self._self = fn.__self__ if isinstance(fn, types.MethodType) else None
+        # a bound method: what its `self` holds counts too; a callable object or a
+        # functools.partial: all of it (attributes, class functions; function, arguments)
+        self._self = fn.__self__ if isinstance(fn, types.MethodType) else \
+            fn if self.module is None and not isinstance(fn, types.FunctionType) else None
         self._globals_size = -1
         self._refresh_env()
         self._hot = []  # specializations with a guard function, most recently hit first
@@ -123,7 +126,7 @@ class TracedFunction(Generalizing):
         self._globals_size = -1 if glb is None else len(glb)
         self._env_names = env_names(fn) if fn is not None else ()
         self._has_env = fn is not None and bool(
-            self._env_names or getattr(fn, "__closure__", None) or
+            self._env_names or getattr(fn, "__closure__", None) or missing_globals(fn) or
             getattr(fn, "__defaults__", None) or getattr(fn, "__kwdefaults__", None))
 
     def _key(self, flat, spec):
