@@ -49,11 +49,17 @@ class TraceRecorder(Recorder, TraceHooks):
         self.versions = None  # (module structure, optimizer writes) counters at entry
         self._outer = None  # the tracer this one hides while it runs
         self.clamps = set()  # sizes of dims a view's bounds were decided from (note_clamp)
+        self.randoms = {}  # id(tensor) -> (draw number, recipe, tensor): note_random
 
     # -- hooks called from the tensor layer -------------------------------------------
 
     def note_created(self, t):
         self.created[id(t)] = t
+
+    def note_random(self, t, recipe):
+        """A random draw (creation.random_tensor): the i-th of the call, drawn again by
+        every compiled call, in order."""
+        self.randoms[id(t)] = (len(self.randoms), recipe, t)
 
     def note_clamp(self, size):
         self.clamps.add(int(size))

@@ -9,7 +9,7 @@ from ._state import STATE, note_untraceable
 from .device import check_device
 from .dispatch import cast
 from .shape import clone
-from .tensor import Tensor, as_array, literal, wrap
+from .tensor import Tensor, as_array, literal, make, wrap
 
 _rng = np.random.default_rng()
 
@@ -28,6 +28,42 @@ def generator() -> np.random.Generator:
         note_untraceable("random numbers are drawn (rand/randn/dropout...); the JIT cannot "
                          "replay them yet")
     return _rng
+
+
+def draw(recipe) -> np.ndarray:
+    """The array one random recipe (kind, shape, dtype, p) draws from the global generator:
+    "rand" (uniform [0, 1)), "randn" (standard normal), "dropout" (keep with probability
+    1 - p, scaled by 1 / (1 - p)). A traced call draws its recipes again, in order."""
+    kind, shape, dtype, p = recipe
+    if kind == "dropout":
+        keep = _rng.random(shape) >= p
+        return (keep / (1.0 - p)).astype(dtype)
+    if kind == "rand":
+        return _rng.random(shape, dtype=np.float64).astype(dtype)
+    if kind == "randn":
+        return _rng.standard_normal(shape).astype(dtype)
+    raise ValueError(f"unknown random recipe {kind!r}")
+
+
+def random_tensor(kind, shape, dtype, p=0.0) -> Tensor:
+    """A tensor of random values from `draw`; while a call is traced, the trace takes it
+    as a runtime input drawn anew (in the same order) on every compiled call."""
+    recipe = (kind, tuple(int(n) for n in shape), np.dtype(dtype), float(p))
+    t = make(draw(recipe))
+    if STATE.tracer is not None:
+        STATE.tracer.note_random(t, recipe)
+    return t
+
+
+def rng_state():
+    """The global generator's state (a compiled call that drew, then did not finish, puts
+    it back, so that the eager rerun draws what eager draws)."""
+    return _rng.bit_generator.state
+
+
+def set_rng_state(state) -> None:
+    """Restore a state `rng_state` returned."""
+    _rng.bit_generator.state = state
 
 
 def _finish(arr, requires_grad) -> Tensor:
@@ -126,15 +162,15 @@ def full_like(input, fill_value, dtype=None, requires_grad=False, device=None) -
 def rand(*size, dtype=None, requires_grad=False, device=None) -> Tensor:
     """Uniform [0, 1) samples."""
     check_device(device, "rand")
-    dt = _dt(dtype)
-    return _finish(generator().random(_shape(size), dtype=np.float64).astype(dt), requires_grad)
+    t = random_tensor("rand", _shape(size), _dt(dtype))
+    return t.requires_grad_(True) if requires_grad else t
 
 
 def randn(*size, dtype=None, requires_grad=False, device=None) -> Tensor:
     """Standard normal samples."""
     check_device(device, "randn")
-    dt = _dt(dtype)
-    return _finish(generator().standard_normal(_shape(size)).astype(dt), requires_grad)
+    t = random_tensor("randn", _shape(size), _dt(dtype))
+    return t.requires_grad_(True) if requires_grad else t
 
 
 def randint(low, high=None, size=None, dtype=None, requires_grad=False, device=None) -> Tensor:

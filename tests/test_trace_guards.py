@@ -116,14 +116,18 @@ def test_numpy_inside_falls_back_with_reason():
     assert any("numpy" in r for r in reasons)
 
 
-def test_random_numbers_fall_back():
-    @hn.trace
-    def f(x):
+def test_random_numbers_are_drawn_anew_by_each_compiled_call():
+    def plain(x):
         return x + hn.rand(*x.shape)
+    f = hn.trace(plain)
     x = hn.zeros(1000)
-    a, b = f(x), f(x)
-    assert not np.array_equal(a.numpy(), b.numpy())  # never replays a baked-in sample
-    assert f.stats.compiled_calls == 0
+    a, b, c = f(x), f(x), f(x)
+    assert not np.array_equal(b.numpy(), c.numpy())  # never replays a baked-in sample
+    assert f.stats.compiled_calls >= 1
+    hn.manual_seed(5)
+    want = plain(x)
+    hn.manual_seed(5)
+    np.testing.assert_array_equal(f(x).numpy(), want.numpy())  # the draws eager makes
 
 
 def test_parameter_changed_in_place_is_seen():

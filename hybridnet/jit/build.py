@@ -46,7 +46,8 @@ class Source:
     """Where a graph input comes from at call time.
 
     kind "arg": flat tensor argument `index`; "captured": the tensor behind weakref
-    `ref`; "grad": the `.grad` of the tensor `ref` names (a TensorRef); "hyper": the
+    `ref`; "random": the `index`-th random draw of the call (recipe `ref`, drawn anew);
+    "grad": the `.grad` of the tensor `ref` names (a TensorRef); "hyper": the
     number `group[key]` (or its `index`-th item) of an optimizer's parameter group,
     `ref` = (weakref(group), key, index), passed as a float64 0-d array.
     """
@@ -99,6 +100,9 @@ class TraceGraph:
     # bound, x[:20] of 10 rows; split and chunk pieces): traces whose clamps differ never
     # merge into one specialization of symbolic lengths (hybridnet.jit.generalize)
     clamps: frozenset = frozenset()
+    # the recipes of the random draws the call made, in order (creation.random_tensor):
+    # a compiled call draws them all, used or not, so the generator ends where eager's does
+    randoms: tuple = ()
 
 
 class _Builder:
@@ -206,6 +210,13 @@ class _Builder:
             group, key, index = self.rec.hypers[id(t)]
             return self._add_input(tape_node, Source("hyper", ref=(weakref.ref(group), key, index),
                                                      shape=(), dtype=t._data.dtype), t)
+        if id(t) in self.rec.randoms:  # drawn anew by each compiled call (run.py)
+            if t._rg:
+                raise Untraceable("a random tensor created inside the call requires grad; "
+                                  "the JIT cannot replay it yet")
+            seq, recipe, _ = self.rec.randoms[id(t)]
+            return self._add_input(tape_node, Source("random", index=seq, ref=recipe,
+                                                     shape=t.shape, dtype=t._data.dtype), t)
         if id(t) in self.rec.created:
             if id(t) not in self.rec.literals:
                 raise Untraceable("a tensor was built from values the JIT cannot see (for "
@@ -306,7 +317,9 @@ def _build(recorder, flat_args, arg_nodes, result_leaves, pinned):
                       grad_results=grad_results,
                       grad_inputs=[i for i, s in enumerate(b.sources) if s.rg]
                       if grad_results else [], blocked=frozenset(b.blocked),
-                      clamps=frozenset(getattr(recorder, "clamps", ())))
+                      clamps=frozenset(getattr(recorder, "clamps", ())),
+                      randoms=tuple(r for _, r, _ in sorted(
+                          getattr(recorder, "randoms", {}).values(), key=lambda e: e[0])))
 
 
 def _identity_checks(b) -> list:

@@ -84,6 +84,9 @@ def _assumptions(tg, target, flat) -> list:
 
 
 def _refuse_state(tg, label):
+    if tg.randoms:
+        raise ExportError(f"export {label}: the call draws random numbers (dropout, rand, "
+                          "randn); export the model in eval mode, or without random ops")
     kinds = sorted({s.kind for s in tg.sources} - {"arg", "captured"})
     if kinds:
         raise ExportError(f"export {label}: the call reads {' and '.join(kinds)} inputs "

@@ -165,6 +165,8 @@ def _source_key(s) -> tuple:
     if s.kind == "hyper":
         group, key, index = s.ref
         return (id(group()), key, index)
+    if s.kind == "random":
+        return (s.index, s.ref[0], str(s.ref[2]), s.ref[3])  # (the shape is the source's)
     owner, seen = s.ref  # ("grad": the owner's TensorRef, and the tensor it held)
     return (owner.index, id(owner.ref()) if owner.ref is not None else None,
             id(seen()) if seen is not None else None)

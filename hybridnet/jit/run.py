@@ -13,6 +13,7 @@ import numpy as np
 from compiler.ops import REGISTRY
 from runtime.executor import ALIASED, SIDE_EXIT, STALE, Outcome
 
+from ..creation import draw, rng_state, set_rng_state
 from ..dispatch import TapeNode
 from ..tensor import make, share_version, version_counter, wrap
 from .call_node import CallRecord
@@ -48,19 +49,25 @@ class Trace:
             if src.kind == "arg":
                 arrays.append(flat[src.index]._data)
                 continue
-            arr = _source_array(src, flat)
-            if arr is None:
+            arr = None if src.kind == "random" else _source_array(src, flat)
+            if arr is None and src.kind != "random":
                 return None
             arrays.append(arr)
         for check in self.tg.checks:
             if not check.holds(flat):
                 return None
+        if self.tg.randoms:  # every draw of the call, in order, once nothing can fail
+            self._rng = rng_state()
+            drawn = [draw(recipe) for recipe in self.tg.randoms]
+            for k, src in enumerate(self.tg.sources):
+                if src.kind == "random":
+                    arrays[k] = drawn[src.index]
         return arrays
 
     def failed_check(self, flat) -> str:
         """What no longer matches (for the event log), after gather() said None."""
         for src in self.tg.sources:
-            if src.kind != "arg" and _source_array(src, flat) is None:
+            if src.kind not in ("arg", "random") and _source_array(src, flat) is None:
                 return f"a {src.kind} input ({src.dtype}{list(src.shape)}) changed"
         for check in self.tg.checks:
             if not check.holds(flat):
@@ -69,10 +76,21 @@ class Trace:
 
     def run(self, flat) -> Outcome:
         """Run on the call's flat tensors (see the module docstring)."""
-        out = self._run(flat)
+        general = self._run_drawing if self.tg.randoms else self._run
+        out = general(flat)
         if out.kind is Outcome.RESULT and self.result.kernel.compiled:
             # compiled now: from the next call on, the short path or the general one
-            self.run = self._fast_runner() or self._run
+            self.run = self._fast_runner() or general
+        return out
+
+    def _run_drawing(self, flat) -> Outcome:
+        """_run for a trace that draws random numbers: when the call does not finish
+        compiled, the generator goes back to where it was (the eager rerun draws what
+        eager draws)."""
+        self._rng = None
+        out = self._run(flat)
+        if self._rng is not None and out.kind != Outcome.RESULT:
+            set_rng_state(self._rng)
         return out
 
     def _fast_runner(self):
@@ -140,7 +158,7 @@ class Trace:
                           else leaves[i] if kind == "same" else self._view(out, leaves, flat)
                           if kind == "view" else self._source_tensor(i, flat))
         if self._call is not None:
-            inputs = [None if s.kind == "hyper" else self._source_tensor(p, flat)
+            inputs = [None if s.kind in ("hyper", "random") else self._source_tensor(p, flat)
                       for p, s in enumerate(self.tg.sources)]
             leaves = self._call.attach(leaves, inputs, arrays, outs)
         for tref, k, same, version in self.tg.grad_writes:

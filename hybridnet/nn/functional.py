@@ -10,11 +10,11 @@ import numpy as np
 from compiler.errors import DTypeError, ShapeError
 
 from .. import functional as _f
-from ..creation import generator
+from ..creation import random_tensor
 from ..dispatch import apply
 from ..functional import gelu, log_softmax, relu, sigmoid, silu, softmax, tanh, where  # noqa: F401
 from ..shape import reshape
-from ..tensor import literal, wrap
+from ..tensor import literal
 from .conv import conv1d, conv2d, conv_transpose2d, pad  # noqa: F401
 from .losses import (  # noqa: F401
     binary_cross_entropy,
@@ -51,9 +51,7 @@ def dropout(input, p: float = 0.5, training: bool = True):
         return input
     if p == 1.0:
         return input * 0.0
-    keep = generator().random(input.shape) >= p
-    mask = wrap((keep / (1.0 - p)).astype(input._data.dtype))
-    return input * mask
+    return input * random_tensor("dropout", input.shape, input._data.dtype, p)
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5):

@@ -14,10 +14,10 @@ import numpy as np
 from compiler.errors import DTypeError, OpError, ShapeError
 
 from .. import functional as _f
-from ..creation import generator
+from ..creation import random_tensor
 from ..functional import where
 from ..shape import broadcast_to
-from ..tensor import wrap
+from ..tensor import literal
 
 _REDUCTIONS = ("none", "mean", "sum")
 _BCE_EPS = 1e-12  # PyTorch's EPSILON in binary_cross_entropy_backward
@@ -264,8 +264,7 @@ def dropout2d(input, p: float = 0.5, training: bool = True, inplace: bool = Fals
                          f"input, got {_shape(input)}")
     mask_shape = input.shape[:2] + (1,) * (input.ndim - 2)
     if p == 1.0:
-        mask = np.zeros(mask_shape, input._data.dtype)
+        mask = literal(np.zeros(mask_shape, input._data.dtype))
     else:
-        keep = generator().random(mask_shape) >= p
-        mask = (keep / (1.0 - p)).astype(input._data.dtype)
-    return input.mul_(wrap(mask)) if inplace else input * wrap(mask)
+        mask = random_tensor("dropout", mask_shape, input._data.dtype, p)
+    return input.mul_(mask) if inplace else input * mask
