@@ -20,13 +20,12 @@ a run takes well under a minute on 2 cores.
 It trains twice from one seed, eagerly and with the whole step (zero_grad, forward, loss,
 backward, clipping, SGD update) traced, then prints a table. What tracing meets here:
 
-- Dropout draws random masks, which compiled code cannot replay: with --dropout > 0 the
-  traced step runs eagerly, with the reason in `hn.explain` ("random numbers are
-  drawn"). `--dropout 0` compiles it.
-- pytorch's update `for p in model.parameters(): p.data.add_(p.grad, alpha=-lr)` makes
-  the traced step run eagerly ("an in-place update ... writes memory that another tensor
-  of the call shares (a view)"); `torch.optim.SGD` does the same update and compiles, and
-  its lr is a runtime input of the kernel, so the annealing never recompiles.
+- Dropout draws random masks: each compiled call draws them again from hybridnet's
+  generator, in eager's order, so the traced step compiles with dropout and gives the
+  eager losses.
+- The update is `torch.optim.SGD` (its lr is a runtime input of the kernel, so the
+  annealing never recompiles); pytorch's own `p.data.add_(p.grad, alpha=-lr)` also
+  compiles.
 - The step returns the new hidden state already detached (pytorch detaches it at the
   start of the next batch: the same values): a traced step that returns the LSTM's
   hidden state with its history runs eagerly ("an in-place update inside the call
