@@ -303,7 +303,7 @@ def test_attributes_are_frozen_after_init():
 
 
 def test_num_workers_warns_once_and_loads_in_process(monkeypatch):
-    monkeypatch.setattr(hud, "_WARNED_WORKERS", [False])
+    monkeypatch.setattr(hud.dataloader, "_WARNED_WORKERS", [False])
     ds = hud.TensorDataset(hn.arange(6))
     with pytest.warns(UserWarning, match="loaded in the main process"):
         loader = hud.DataLoader(ds, batch_size=4, num_workers=2, pin_memory=True,

@@ -155,7 +155,8 @@ def _interface(tg) -> tuple:
     return (sources, repr(tg.outputs), tuple(tg.guards), tuple(tg.writebacks), tg.n_results,
             tuple(tg.fresh), tuple(tg.readonly), tuple(tg.grad_results),
             tuple(tg.grad_inputs), grad_writes, tuple(tg.version_bumps),
-            tuple(c.text for c in tg.checks), repr(tg.spent), tg.result_spec)
+            tuple(c.text for c in tg.checks), repr(tg.spent), tg.result_spec,
+            tuple((k, tuple(shape), str(dt), p) for k, shape, dt, p in tg.randoms))
 
 
 def _source_key(s) -> tuple:

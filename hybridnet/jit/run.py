@@ -32,7 +32,8 @@ class Trace:
         self._targets = frozenset(t for _, t in tg.writebacks)
         self.min_sizes = ()  # (flat index, dim, least size) once its lengths are symbolic
         self.max_sizes = ()  # (flat index, dim, largest size) its kernels serve
-        self._simple = all(s.kind == "arg" for s in tg.sources) and not tg.checks
+        self._simple = all(s.kind == "arg" for s in tg.sources) and not tg.checks and \
+            not tg.randoms  # (a draw nothing uses must still move the generator)
         self._arg_index = [s.index for s in tg.sources]
         self._single = tg.result_spec == ("T",) and tg.outputs == [("out", 0)] and \
             not tg.grad_writes and not tg.readonly[0] and not tg.versions[0] and \
@@ -62,6 +63,7 @@ class Trace:
             for k, src in enumerate(self.tg.sources):
                 if src.kind == "random":
                     arrays[k] = drawn[src.index]
+            self._arrays = arrays  # (a result may view a draw: _source_tensor)
         return arrays
 
     def failed_check(self, flat) -> str:
@@ -199,6 +201,8 @@ class Trace:
         src = self.tg.sources[pos]
         if src.kind == "arg":
             return flat[src.index]
+        if src.kind == "random":  # this call's draw (a result views it, or it was updated)
+            return wrap(self._arrays[pos])
         return src.ref() if src.kind == "captured" else src.ref[0].resolve(flat)._grad
 
 
