@@ -372,13 +372,19 @@ def test_second_shape_reuses_generic_kernel():
     assert second.traces[0].result.kernel is first.traces[0].result.kernel
 
 
-def test_random_numbers_run_eagerly_with_the_reason():
-    tf = hn.trace(lambda x: x + hn.randn(3))
+def test_random_numbers_without_a_recipe_run_eagerly_with_the_reason():
+    """randint draws straight from the generator (no recipe): such a call runs eagerly;
+    randn has a recipe and is drawn anew by each compiled call (test_trace_random.py)."""
+    tf = hn.trace(lambda x: x + hn.randint(0, 1000, (3,)))
     with hn.no_grad():
         a, b = tf(hn.zeros(3)), tf(hn.zeros(3))
     assert not np.array_equal(a._data, b._data)  # fresh draws each call, as eagerly
     assert tf.stats.compiled_calls == 0
     assert any("random" in r for r in fallback_reasons(tf)), tf.stats.events
+    tf = hn.trace(lambda x: x + hn.randn(3))
+    with hn.no_grad():
+        a, b, c = tf(hn.zeros(3)), tf(hn.zeros(3)), tf(hn.zeros(3))
+    assert not np.array_equal(b._data, c._data) and tf.stats.compiled_calls >= 1
 
 
 # ---- compiled results own their memory as eager ones do ---------------------------------
