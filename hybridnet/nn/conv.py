@@ -61,18 +61,8 @@ def need_float(op: str, *tensors):
 
 
 def pad2d(x, top: int, bottom: int, left: int, right: int, fill: float = 0.0):
-    """x (N, C, H, W) padded with `fill` around its last two dims (pad_slice)."""
-    if not (top or bottom or left or right):
-        return x
-    n, c, h, w = x.shape
-    shape = (n, c, h + top + bottom, w + left + right)
-    index = ((0, n, 1), (0, c, 1), (top, top + h, 1), (left, left + w, 1))
-    out = apply("pad_slice", (x,), {"shape": shape, "index": index})
-    if fill == 0.0:
-        return out
-    border = np.ones((1, 1) + shape[2:], dtype=bool)
-    border[:, :, top:top + h, left:left + w] = False
-    return apply("where", (literal(border), out._data.dtype.type(fill), out))
+    """x (N, C, H, W) padded with `fill` around its last two dims (`pad`)."""
+    return pad(x, (left, right, top, bottom), value=fill)
 
 
 def unfold_windows(x, kernel, dilation, stride):
@@ -279,8 +269,10 @@ def pad(input, pad, mode: str = "constant", value=None):
     out = apply("pad_slice", (x,), {"shape": shape, "index": index})
     if value is None or (value == 0 and not np.signbit(value)):
         return out
-    border = np.ones(shape, dtype=bool)
-    border[tuple(slice(a, b) for a, b, _ in index)] = False
+    # (the border mask broadcasts along the dims that are not padded)
+    grown = [bool(lo or hi) for lo, hi in grow]
+    border = np.ones(tuple(n if g else 1 for n, g in zip(shape, grown)), dtype=bool)
+    border[tuple(slice(a, b) if g else slice(None) for (a, b, _), g in zip(index, grown))] = False
     return apply("where", (literal(border), out._data.dtype.type(value), out))
 
 

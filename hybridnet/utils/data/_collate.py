@@ -119,14 +119,7 @@ def collate(batch, *, collate_fn_map=None):
     if isinstance(elem, collections.abc.Mapping):
         fields = {key: collate([d[key] for d in batch], collate_fn_map=collate_fn_map)
                   for key in elem}
-        try:
-            if isinstance(elem, collections.abc.MutableMapping):
-                clone = copy.copy(elem)
-                clone.update(fields)
-                return clone
-            return elem_type(fields)
-        except TypeError:
-            return fields
+        return _rebuild(elem, fields)
     if isinstance(elem, tuple) and hasattr(elem, "_fields"):  # namedtuple
         return elem_type(*(collate(samples, collate_fn_map=collate_fn_map)
                            for samples in zip(*batch)))
@@ -138,16 +131,27 @@ def collate(batch, *, collate_fn_map=None):
         fields = [collate(samples, collate_fn_map=collate_fn_map) for samples in transposed]
         if isinstance(elem, tuple):
             return fields  # a list, as PyTorch returns
-        try:
-            if isinstance(elem, collections.abc.MutableSequence):
-                clone = copy.copy(elem)
-                for i, f in enumerate(fields):
-                    clone[i] = f
-                return clone
-            return elem_type(fields)
-        except TypeError:
-            return fields
+        return _rebuild(elem, fields)
     raise _unknown_type_error(elem_type)
+
+
+def _rebuild(like, fields):
+    """`fields` in a container of `like`'s type: a copy of a mutable mapping or sequence
+    with its items replaced, else the type built from them, else the plain dict or list
+    (as torch's collate does)."""
+    try:
+        if isinstance(like, collections.abc.MutableMapping):
+            clone = copy.copy(like)
+            clone.update(fields)
+            return clone
+        if isinstance(like, collections.abc.MutableSequence):
+            clone = copy.copy(like)
+            for i, f in enumerate(fields):
+                clone[i] = f
+            return clone
+        return type(like)(fields)
+    except TypeError:
+        return fields
 
 
 def default_collate(batch):
@@ -173,27 +177,12 @@ def default_convert(data):
         return _np_to_tensor(data)
     if isinstance(data, collections.abc.Mapping):
         fields = {key: default_convert(data[key]) for key in data}
-        try:
-            if isinstance(data, collections.abc.MutableMapping):
-                clone = copy.copy(data)
-                clone.update(fields)
-                return clone
-            return elem_type(fields)
-        except TypeError:
-            return fields
+        return _rebuild(data, fields)
     if isinstance(data, tuple) and hasattr(data, "_fields"):
         return elem_type(*(default_convert(d) for d in data))
     if isinstance(data, tuple):
         return [default_convert(d) for d in data]
     if isinstance(data, collections.abc.Sequence) and not isinstance(data, (str, bytes)):
         fields = [default_convert(d) for d in data]
-        try:
-            if isinstance(data, collections.abc.MutableSequence):
-                clone = copy.copy(data)
-                for i, f in enumerate(fields):
-                    clone[i] = f
-                return clone
-            return elem_type(fields)
-        except TypeError:
-            return fields
+        return _rebuild(data, fields)
     return data
