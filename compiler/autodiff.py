@@ -89,6 +89,7 @@ def backward(roots, root_grads, e, value_of, sink, check=None, stop=frozenset())
         g = pending.pop(id(node), None)
         if g is None:
             continue
+        g = e.settle(g)
         sink(node, g)
         if id(node) in stop:
             continue
@@ -104,6 +105,9 @@ def backward(roots, root_grads, e, value_of, sink, check=None, stop=frozenset())
             continue
         if check is not None:
             check(node)
+        if opdef.window == "read" and e.in_place and not isinstance(node.inputs[0], OwnBackward):
+            _accumulate_window(pending, e, node, g)
+            continue
         ins = [value_of(i) for i in node.inputs]
         out = value_of(node) if "out" in opdef.saves else None
         grads = _input_grads(node, opdef, e, g, ins, out)
@@ -118,7 +122,18 @@ def _accumulate(pending, e, node, g):
     if isinstance(node, OwnBackward):
         pending[id(node)] = node.merge(e, old, g)
     else:
-        pending[id(node)] = g if old is None else e("add", old, g)
+        pending[id(node)] = g if old is None else e.accumulate(old, g)
+
+
+def _accumulate_window(pending, e, node, g):
+    """The gradient of a window read (x[t], a gate of a chunk) added into the window of
+    its input's pending gradient, in one buffer: the vjp would make zeros of the whole
+    input per read (an LSTM's input projections: one (T, B, 4H) buffer per step) and
+    add them, T^2 work where this is T."""
+    inp = node.inputs[0]
+    if inp.requires_grad:
+        pending[id(inp)] = e.add_window(pending.get(id(inp)), g, tuple(inp.shape),
+                                        node.attrs["index"])
 
 
 def mark_requires_grad(graph, wrt, blocked=frozenset()) -> None:

@@ -26,6 +26,16 @@ kernel's multiply-adds are in large products (`kernel_is_large`), else to one, c
 it only when the choice changes (switching it on every call of a small compiled layer
 made the call 100x slower next to a busy process: waking parked threads each time).
 
+OpenBLAS's idle workers spin for 2**28 cycles (about 0.1 s) after each threaded call
+before they sleep; with a busy neighbour, the spinning worker and the neighbour then
+share the core our main thread needs, and a W2 eager MLP step took 2.6x longer with
+BLAS threads than without (7.2 ms against 2.6 ms; 2.1 ms quiet). So SciPy's OpenBLAS
+(the one that ever gets threads) is loaded with OPENBLAS_THREAD_TIMEOUT=18 (2**18
+cycles, about 0.1 ms) unless the environment already sets it: threads then win next to
+a busy process too (2.07 ms against 2.27 ms on one thread). It must be set before that
+library loads, so a program that imported scipy.linalg before hybridnet keeps the
+default spin.
+
 `HYBRIDNET_BLAS_THREADS=N` fixes N threads for every product instead, and
 `HYBRIDNET_BLAS_THREADS=keep` leaves the libraries as they are. The setting is
 process-wide: the user's own NumPy products run on one BLAS thread too.
@@ -41,7 +51,10 @@ import sys
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+SPIN = "18"  # OPENBLAS_THREAD_TIMEOUT for SciPy's OpenBLAS: idle workers sleep after 2**18 cycles
 LARGE_MACS = 10_000_000  # multiply-adds of one BLAS call from which it gets BLAS's threads
+
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", SPIN)  # read when SciPy's OpenBLAS loads
 
 _libs = []  # threadpoolctl controllers of the BLAS libraries configured
 _paths = set()

@@ -20,6 +20,9 @@ class Emitter:
     """Base emitter: `e(name, *values, **attrs)` with Python scalars typed."""
 
     value_type = object  # the type of this emitter's values (not Python/NumPy scalars)
+    # True: the engine may hand gradient contributions to `accumulate` and `add_window`,
+    # which sum them into buffers the emitter owns (eager backward with no history)
+    in_place = False
 
     def __call__(self, name, *vals, **attrs):
         T = self.value_type
@@ -33,6 +36,20 @@ class Emitter:
     def op(self, name, vals, attrs):
         """Apply op `name` to `vals` (values, or NumPy scalars already typed)."""
         raise NotImplementedError
+
+    def accumulate(self, old, g):
+        """old + g: two gradient contributions to one value (pending sums)."""
+        return self("add", old, g)
+
+    def add_window(self, old, g, shape, index):
+        """old (None: zeros of `shape`) plus `g` written into the window `index` (the
+        (start, stop, step) per dim of a `window == "read"` op): only for `in_place`
+        emitters; the engine runs the read op's vjp for the others."""
+        raise NotImplementedError
+
+    def settle(self, pending):
+        """The value a pending gradient stands for (an `in_place` emitter's buffer)."""
+        return pending
 
     def const(self, value, like):
         """A 0-d constant with `like`'s dtype."""

@@ -9,7 +9,7 @@ from compiler.errors import ShapeError
 from compiler.ir import Graph
 
 from ._state import STATE
-from .dispatch import CLOSED, EMIT, cast, node_of
+from .dispatch import CLOSED, EMIT, SUMMING, cast, node_of
 from .tensor import Tensor, literal, make, version_counter, wrap
 
 
@@ -120,7 +120,9 @@ def _run(outputs, grad_outputs, sink, retain_graph, create_graph, op_name):
     # Gradient rules may meet inf * 0 at the edges of a function's domain (d/dy x**y at
     # x = 0): the result is masked, so NumPy's warnings are noise here, as in PyTorch.
     with set_grad_enabled(create_graph), np.errstate(all="ignore"):
-        order = autodiff.backward([o._node for o in outputs], roots, EMIT,
+        emit = SUMMING if not create_graph and STATE.tracer is None and \
+            not STATE.recorders else EMIT
+        order = autodiff.backward([o._node for o in outputs], roots, emit,
                                   _value_of(create_graph), sink, _check_saved)
     if STATE.tracer is not None:
         _check_traced_walk(order, create_graph, op_name)

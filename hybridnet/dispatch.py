@@ -273,4 +273,49 @@ class EagerEmitter(Emitter):
         return v._data.dtype
 
 
+class _Sum:
+    """A pending gradient the engine sums into: an array only this backward holds."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array):
+        self.array = array
+
+
+class SummingEmitter(EagerEmitter):
+    """The eager emitter of a backward that builds no history (no create_graph, no
+    tracing, no `hn.record`): gradient contributions to one value are summed in place
+    into one array it allocated, and window reads' gradients (x[t], chunks) are written
+    into the window of that array, instead of a new array per contribution."""
+
+    in_place = True
+
+    def accumulate(self, old, g):
+        summed = old.__class__ is _Sum
+        buf = old.array if summed else old._data
+        if g._data.shape != buf.shape or g._data.dtype != buf.dtype:
+            return apply("add", (wrap(buf) if summed else old, g))
+        if not summed:
+            return _Sum(np.add(buf, g._data, out=np.empty(buf.shape, buf.dtype)))
+        np.add(buf, g._data, out=buf)
+        return old
+
+    def add_window(self, old, g, shape, index):
+        region = tuple(slice(*r) for r in index)
+        if old is None:
+            out = _Sum(np.zeros(shape, dtype=g._data.dtype))
+        elif old.__class__ is _Sum:
+            out = old
+        else:
+            out = _Sum(old._data.astype(np.result_type(old._data, g._data), copy=True))
+        if out.array.dtype != g._data.dtype:
+            out.array = out.array.astype(np.result_type(out.array, g._data))
+        out.array[region] += g._data
+        return out
+
+    def settle(self, pending):
+        return wrap(pending.array) if pending.__class__ is _Sum else pending
+
+
 EMIT = EagerEmitter()
+SUMMING = SummingEmitter()

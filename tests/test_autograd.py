@@ -195,3 +195,63 @@ def test_integer_ops_in_graph_do_not_block_gradients():
     y = x[idx] * 2.0
     y.backward()
     np.testing.assert_allclose(x.grad.numpy(), [0.0, 0.0, 2.0])
+
+
+# ---- gradients summed in place (hybridnet.dispatch.SummingEmitter) ------------------------
+
+
+def test_window_reads_sum_into_one_gradient():
+    """x[t] per step, chunks of a row, and a whole-tensor use: the gradient of each window
+    lands in its window, the overlapping uses add (float64 reference)."""
+    rng = np.random.default_rng(0)
+    xv = rng.standard_normal((5, 3, 8))
+    ws = rng.standard_normal((5, 3, 8))
+    x = hn.tensor(xv, requires_grad=True)
+    loss = (x * x).sum()
+    for t in range(5):
+        a, b = x[t].chunk(2, -1)
+        loss = loss + (a * hn.tensor(ws[t, :, :4])).sum() + (b * b).sum() + x[t, 1:, ::3].sum()
+    loss.backward()
+    want = 2 * xv
+    want[:, :, :4] += ws[:, :, :4]
+    want[:, :, 4:] += 2 * xv[:, :, 4:]
+    want[:, 1:, ::3] += 1
+    np.testing.assert_allclose(x.grad.numpy(), want, rtol=1e-12)
+
+
+def test_summing_never_writes_into_a_callers_gradient():
+    """add's vjp hands the incoming gradient on as is: summing a second contribution
+    must not write into that array (here the caller's grad_outputs)."""
+    x = hn.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
+    y = x + x
+    seed = hn.tensor(np.full((2, 3), 0.5))
+    (gx,) = hn.grad(y, [x], grad_outputs=[seed])
+    np.testing.assert_array_equal(seed.numpy(), np.full((2, 3), 0.5))
+    np.testing.assert_array_equal(gx.numpy(), np.ones((2, 3)))
+    z = (x + x).reshape(3, 2)
+    (z[0] + z[0] + z[1]).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), 2 * np.array([[2, 2, 1], [1, 0, 0.0]]))
+
+
+def test_grad_from_summed_buffer_is_not_changed_by_later_backward():
+    """A leaf's .grad taken from one backward keeps its values after another backward."""
+    x = hn.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    (x[:2].sum() + x[1:].sum() + x.sum()).backward()
+    first = x.grad
+    kept = first.numpy().copy()
+    np.testing.assert_array_equal(kept, [2, 3, 2])
+    (x[:2].sum() * 4).backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [6, 7, 2])
+    g = hn.grad((x[::2] * 3).sum() + x.sum(), [x])[0]
+    np.testing.assert_array_equal(g.numpy(), [4, 1, 4])
+    assert x.grad.numpy().tolist() == [6, 7, 2]
+
+
+def test_window_gradients_under_create_graph_keep_history():
+    """create_graph backward takes the ordinary path (pad_slice + add, with history)."""
+    x = hn.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    y = (x[:2] ** 3).sum() + (x[1:] ** 2).sum()
+    (g,) = hn.grad(y, [x], create_graph=True)
+    np.testing.assert_allclose(g.detach().numpy(), [3.0, 12 + 4, 6])
+    g.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [6.0, 12 + 2, 2])

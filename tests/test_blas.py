@@ -237,3 +237,18 @@ def test_a_bad_environment_value_is_named_at_import():
     proc = subprocess.run([sys.executable, "-c", "import hybridnet"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "HYBRIDNET_BLAS_THREADS='1.5'" in proc.stderr
+
+
+@pytest.mark.parametrize("given,expected", [(None, blas.SPIN), ("25", "25")])
+def test_scipy_blas_loads_with_a_short_spin_unless_the_environment_says(given, expected):
+    """OPENBLAS_THREAD_TIMEOUT is in the environment before SciPy's OpenBLAS loads (its
+    idle workers then sleep after 2**18 cycles), and a value the user set is kept."""
+    code = ("import os, hybridnet as hn; from compiler import blas; "
+            "before = 'scipy.linalg.cython_blas' in __import__('sys').modules; "
+            "blas.scipy_pointers(['sgemm']); print(before, os.environ['OPENBLAS_THREAD_TIMEOUT'])")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    env.update(PYTHONPATH=ROOT, **({} if given is None else {"OPENBLAS_THREAD_TIMEOUT": given}))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", expected]
