@@ -80,6 +80,14 @@ def size_class(shape) -> tuple:
     return tuple(1 if s == 1 else -1 for s in shape)
 
 
+def next_seq() -> int:
+    """The `seq` the next node created will get (nodes made from now on have seq >= it)."""
+    global _seq
+    value = next(_seq)
+    _seq = itertools.count(value)
+    return value
+
+
 def collect(outputs) -> list:
     """All nodes that `outputs` depend on, in execution (seq) order."""
     seen, stack = set(), list(outputs)

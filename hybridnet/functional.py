@@ -14,6 +14,7 @@ from compiler import dtypes as cd
 from compiler.errors import DTypeError, ShapeError
 from compiler.ops import REGISTRY
 
+from . import fused as _fused
 from .dispatch import NO_ATTRS, apply, as_operand, binary_op, cast, promote, run, unary_op
 from .dtypes import to_np
 from .shape import squeeze
@@ -126,6 +127,11 @@ def clamp(input, min=None, max=None):  # noqa: A002
 
 def relu(input):
     """max(input, 0), gradient 0 at 0."""
+    fast = _fused.relu(input, _relu)
+    return _relu(input) if fast is None else fast
+
+
+def _relu(input):
     return where(input > 0, input, 0.0 if input._data.dtype.kind == "f" else 0)
 
 

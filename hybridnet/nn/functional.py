@@ -10,6 +10,7 @@ import numpy as np
 from compiler.errors import DTypeError, ShapeError
 
 from .. import functional as _f
+from .. import fused as _fused
 from ..creation import random_tensor
 from ..dispatch import apply
 from ..functional import gelu, log_softmax, relu, sigmoid, silu, softmax, tanh, where  # noqa: F401
@@ -39,6 +40,11 @@ def linear(input, weight, bias=None):
     if input.shape[-1:] != weight.shape[-1:]:
         raise ShapeError(f"linear: input {input.dtype}{list(input.shape)} does not fit weight "
                          f"{weight.dtype}{list(weight.shape)} (in_features {weight.shape[-1]})")
+    fast = _fused.linear(input, weight, bias, _linear)
+    return _linear(input, weight, bias) if fast is None else fast
+
+
+def _linear(input, weight, bias=None):
     out = input @ weight.T
     return out if bias is None else out + bias
 
@@ -161,9 +167,14 @@ def _check_targets(tgt, n_classes, ignore_index, op):
     compiled path and raises here, eagerly."""
     bad = ((tgt < 0) | (tgt >= n_classes)) & (tgt != ignore_index)
     if _f.sum(bad) > 0:
-        t = tgt._data
-        first = int(t[(t != ignore_index) & ((t < 0) | (t >= n_classes))][0])
-        raise IndexError(f"{op}: target {first} is out of bounds for {n_classes} classes")
+        _check_target_array(tgt._data, n_classes, ignore_index, op)
+
+
+def _check_target_array(t, n_classes, ignore_index, op):
+    bad = (t != ignore_index) & ((t < 0) | (t >= n_classes))
+    if bad.any():
+        raise IndexError(f"{op}: target {int(t[bad][0])} is out of bounds for {n_classes} "
+                         "classes")
 
 
 def nll_loss(input, target, weight=None, ignore_index: int = -100, reduction: str = "mean"):
@@ -191,6 +202,13 @@ def nll_loss(input, target, weight=None, ignore_index: int = -100, reduction: st
 def cross_entropy(input, target, weight=None, ignore_index: int = -100,
                   reduction: str = "mean", label_smoothing: float = 0.0):
     """log_softmax over the class dim (1, or 0 for 1-D input) followed by nll_loss."""
+    if weight is None and label_smoothing <= 0.0:
+        fast = _fused.cross_entropy(
+            input, target, ignore_index, reduction,
+            lambda t, c: _check_target_array(t, c, ignore_index, "nll_loss"),
+            lambda x: cross_entropy(x, target, ignore_index=ignore_index, reduction=reduction))
+        if fast is not None:
+            return fast
     class_dim = 0 if input.ndim == 1 else 1
     logp = log_softmax(input, class_dim)
     loss = nll_loss(logp, target, weight, ignore_index, reduction)

@@ -12,8 +12,8 @@ from compiler.errors import ShapeError
 
 from .. import functional as _f
 from ..creation import empty, zeros
-from ..shape import chunk
-from . import init
+from ..shape import chunk, stack
+from . import fused_lstm, init
 from .module import Module
 from .parameter import Parameter
 
@@ -35,8 +35,19 @@ def rnn_step(x_proj, h, w_hh, b_hh, act):
 
 
 def lstm_step(x_proj, state, w_hh, b_hh):
-    """One LSTM step: gates i, f, g, o."""
+    """One LSTM step: gates i, f, g, o (one fused op when eager: nn/fused_lstm.py)."""
     h, c = state
+    both = fused_lstm.lstm_step(x_proj, h, c, w_hh, b_hh, _stacked_lstm_step)
+    if both is not None:
+        return both[0], both[1]
+    return _lstm_step(x_proj, h, c, w_hh, b_hh)
+
+
+def _stacked_lstm_step(x_proj, h, c, w_hh, b_hh=None):
+    return stack(list(_lstm_step(x_proj, h, c, w_hh, b_hh)), 0)
+
+
+def _lstm_step(x_proj, h, c, w_hh, b_hh):
     gates = x_proj + h @ w_hh.T
     if b_hh is not None:
         gates = gates + b_hh
