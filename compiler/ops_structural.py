@@ -47,6 +47,8 @@ def _keep_shape(shape, dims):
 
 
 def _sum_impl(x, dims, keepdim):
+    if not keepdim and len(dims) == x.ndim:  # (a whole reduction: axis=None is the fast path)
+        return np.asarray(np.add.reduce(x, axis=None, dtype=x.dtype))
     return np.asarray(np.add.reduce(x, axis=dims, dtype=x.dtype, keepdims=keepdim))
 
 

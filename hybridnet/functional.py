@@ -185,11 +185,19 @@ def normalize_dims(op: str, t, dim) -> tuple:
 def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001
     """Sum over dim (all dims by default); bool and int32 inputs sum as int64."""
     x = input
+    if dim is None and dtype is None and x.__class__ is Tensor and x._data.dtype.kind == "f":
+        data = x._data  # (the common call, x.sum(), straight to `run`: 1.9x -> 1.4x torch's)
+        return run(_SUM, (x,), (data,), {"dims": _ALL_DIMS[data.ndim], "keepdim": bool(keepdim)},
+                   x._rg)
     if dtype is not None:
         x = cast(x, to_np(dtype))
     elif x._data.dtype.kind in "bi" and x._data.dtype != cd.int64:
         x = cast(x, cd.int64)
     return apply("sum", (x,), {"dims": normalize_dims("sum", x, dim), "keepdim": bool(keepdim)})
+
+
+_SUM = REGISTRY["sum"]
+_ALL_DIMS = [tuple(range(n)) for n in range(65)]
 
 
 def _count(t, dims) -> int:

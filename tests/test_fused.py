@@ -295,15 +295,21 @@ def test_graph_of_a_freed_or_modified_fused_tape_raises():
 # ---- the fused LSTM step (hybridnet/nn/fused_lstm.py) ------------------------------------
 
 
-def _lstm_run(dtype, bias, seq, create_graph=False):
+def _lstm_run(dtype, bias, seq, create_graph=False, bidirectional=False, state=False):
     hn.manual_seed(11)
-    lstm = hn.nn.LSTM(5, 4, num_layers=2, bias=bias, dtype=dtype)
+    lstm = hn.nn.LSTM(5, 4, num_layers=2, bias=bias, dtype=dtype, bidirectional=bidirectional)
     rng = np.random.default_rng(12)
     x = hn.tensor(rng.standard_normal((seq, 3, 5)).astype(dtype), requires_grad=True)
-    out, (h, c) = lstm(x)
+    dirs = 2 if bidirectional else 1
+    hx = None
+    if state:
+        hx = tuple(hn.tensor(rng.standard_normal((2 * dirs, 3, 4)).astype(dtype),
+                             requires_grad=True) for _ in range(2))
+    out, (h, c) = lstm(x, hx)
+    assert ("lstm_layer" in {n.op for n in _history(out)}) == fused.enabled()
     w = hn.tensor(np.linspace(-1, 1, out.numel()).reshape(out.shape).astype(dtype))
     loss = (out * w).sum() + (h * h).sum() + c.sum()
-    params = [x, *lstm.parameters()]
+    params = [x, *(hx or ()), *lstm.parameters()]
     grads = hn.grad(loss, params, create_graph=create_graph)
     second = None
     if create_graph:
@@ -311,14 +317,29 @@ def _lstm_run(dtype, bias, seq, create_graph=False):
     return out, [g.detach().numpy() for g in grads], second
 
 
+def _history(t):
+    seen, stack, found = set(), [t.grad_fn], []
+    while stack:
+        n = stack.pop()
+        if id(n) not in seen:
+            seen.add(id(n))
+            found.append(n)
+            stack.extend(n.inputs)
+    return found
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("bias", [True, False])
-def test_lstm_fused_steps_match_the_composite(dtype, bias):
-    out, grads, _ = _lstm_run(dtype, bias, 6)
+@pytest.mark.parametrize("shape", ["plain", "bidirectional", "given state", "one step"])
+def test_lstm_fused_layers_match_the_composite(dtype, bias, shape):
+    kw = dict(bidirectional=shape == "bidirectional", state=shape == "given state")
+    seq = 1 if shape == "one step" else 6
+    out, grads, _ = _lstm_run(dtype, bias, seq, **kw)
     assert out.grad_fn is not None
     with fused.composites():
-        want_out, want, _ = _lstm_run(dtype, bias, 6)
-    np.testing.assert_array_equal(out.detach().numpy(), want_out.detach().numpy())
+        want_out, want, _ = _lstm_run(dtype, bias, seq, **kw)
+    np.testing.assert_allclose(out.detach().numpy(), want_out.detach().numpy(),
+                               **TOL[dtype])
     for g, w in zip(grads, want):
         np.testing.assert_allclose(g, w, rtol=1e-5 if dtype == np.float32 else 1e-12,
                                    atol=1e-6 if dtype == np.float32 else 1e-14)

@@ -15,7 +15,8 @@ from compiler import blas
 from compiler.ops import REGISTRY
 
 from .. import fused
-from ..tensor import Tensor, wrap
+from ..shape import cat, stack
+from ..tensor import Tensor, version_counter, wrap
 
 _sigmoid = REGISTRY["sigmoid"].impl
 
@@ -67,3 +68,101 @@ def _grad(node, e, g, value_of):
     if len(wants) > 4:
         grads.append(wrap(np.add.reduce(dgates, axis=0)) if wants[4] else None)
     return grads
+
+
+# ---- a whole direction of an LSTM layer -----------------------------------------------------
+
+
+def lstm_layer(proj, h0, c0, w_hh, b_hh, reverse, composite):
+    """One direction of an LSTM layer over the sequence, fused: `proj` (T, B, 4H) holds
+    every step's input projection (x @ W_ih.T + b_ih). Returns the packed (T + 1, B, H)
+    result (the T outputs, then the final cell state), or None: take `composite`, a
+    function of the same five tensors (b_hh possibly None) returning the packed result.
+
+    One tape node for the sequence where the steps record 5 ops each; its backward runs
+    the whole BPTT loop in NumPy, and the recurrent weight's gradient is one product over
+    every step, (4H, T*B) @ (T*B, H), instead of T small ones."""
+    if not fused.enabled() or not fused.float_tensors(proj, h0, c0, w_hh, b_hh) or \
+            proj._data.ndim != 3 or h0._data.ndim != 2 or proj._data.shape[0] == 0:
+        return None
+    steps, batch, four = proj._data.shape
+    n = h0._data.shape[1]
+    if four != 4 * n or h0._data.shape != (batch, n) or c0._data.shape != (batch, n) or \
+            w_hh._data.shape != (4 * n, n) or \
+            (b_hh is not None and b_hh._data.shape != (4 * n,)):
+        return None
+    order = range(steps - 1, -1, -1) if reverse else range(steps)
+    wt = np.ascontiguousarray(w_hh._data.T)  # (a row-major right operand: 1.7x faster here)
+    p, bias = proj._data, None if b_hh is None else b_hh._data
+    acts = np.empty((steps, batch, 4 * n), p.dtype)
+    cells = np.empty((steps + 1, batch, n), p.dtype)  # the cell state before each step
+    tcs = np.empty((steps, batch, n), p.dtype)
+    packed = np.empty((steps + 1, batch, n), p.dtype)
+    h, cells[0] = h0._data, c0._data
+    for k, t in enumerate(order):
+        gates = np.add(p[t], blas.matmul(h, wt))
+        if bias is not None:
+            np.add(gates, bias, out=gates)
+        a = acts[k]
+        a[...] = _sigmoid(gates)
+        np.tanh(gates[:, 2 * n:3 * n], out=a[:, 2 * n:3 * n])
+        np.multiply(a[:, n:2 * n], cells[k], out=cells[k + 1])
+        cells[k + 1] += a[:, :n] * a[:, 2 * n:3 * n]
+        np.tanh(cells[k + 1], out=tcs[k])
+        h = np.multiply(a[:, 3 * n:], tcs[k], out=packed[t])
+    packed[steps] = cells[steps]
+    ins = (proj, h0, c0, w_hh) + (() if b_hh is None else (b_hh,))
+    res = fused.result("lstm_layer", packed, ins, _layer_grad, composite,
+                       (acts, cells, tcs, bool(reverse)), saves=(h0, w_hh))
+    if res._node is not None:
+        vc = version_counter(res)
+        res._node.saved += ((vc, vc[0]),)
+    return res
+
+
+def _layer_grad(node, e, g, value_of):
+    if not e.in_place:
+        return fused.replay(node, e, g, value_of)
+    acts, cells, tcs, reverse = node.extra
+    packed, h0, w = node.value, node.inputs[1].value, node.inputs[3].value
+    grad = g._data
+    steps, batch, n = tcs.shape
+    order = range(steps - 1, -1, -1) if reverse else range(steps)
+    dgates = np.empty((steps, batch, 4 * n), grad.dtype)  # indexed by time, as proj
+    dh, dc = np.zeros((batch, n), grad.dtype), grad[steps].copy()
+    for k in range(steps - 1, -1, -1):
+        t = order[k]
+        a, tc = acts[k], tcs[k]
+        i, f, gg, o = a[:, :n], a[:, n:2 * n], a[:, 2 * n:3 * n], a[:, 3 * n:]
+        dh = dh + grad[t]
+        dct = dc + dh * o * (1 - tc * tc)
+        d = dgates[t]
+        np.multiply(dct * gg, i * (1 - i), out=d[:, :n])
+        np.multiply(dct * cells[k], f * (1 - f), out=d[:, n:2 * n])
+        np.multiply(dct * i, 1 - gg * gg, out=d[:, 2 * n:3 * n])
+        np.multiply(dh * tc, o * (1 - o), out=d[:, 3 * n:])
+        dc = dct * f
+        dh = blas.matmul(d, w)
+    wants = [x.requires_grad for x in node.inputs]
+    grads = [wrap(dgates) if wants[0] else None, wrap(dh) if wants[1] else None,
+             wrap(dc) if wants[2] else None, None]
+    if wants[3]:  # (the state before the step at each time)
+        prev = np.concatenate([packed[1:steps], h0[None]]) if reverse else \
+            np.concatenate([h0[None], packed[:steps - 1]])
+        grads[3] = wrap(blas.matmul(dgates.reshape(-1, 4 * n).T, prev.reshape(-1, n)))
+    if len(wants) > 4:
+        grads.append(wrap(np.add.reduce(dgates, axis=(0, 1))) if wants[4] else None)
+    return grads
+
+
+def layer_composite(step, reverse):
+    """The composite of `lstm_layer`: `step(x_proj, h, c, w_hh, b_hh)` -> (h, c) per time
+    step, packed as lstm_layer packs."""
+    def run(proj, h0, c0, w_hh, b_hh=None):
+        steps = proj.shape[0]
+        outs, h, c = [None] * steps, h0, c0
+        for t in (range(steps - 1, -1, -1) if reverse else range(steps)):
+            h, c = step(proj[t], h, c, w_hh, b_hh)
+            outs[t] = h
+        return cat([stack(outs, 0), c.reshape(1, *c.shape)], 0)
+    return run

@@ -8,10 +8,10 @@ from .._state import STATE
 from ..creation import empty, zeros
 from ..shape import cat, stack
 from . import functional as F
-from . import init
+from . import fused_lstm, init
 from .module import Module
 from .parameter import Parameter
-from .rnn import _GATES, _act, gru_step, lstm_step, rnn_step
+from .rnn import _GATES, _act, _lstm_step, gru_step, lstm_step, rnn_step
 
 
 def _project(x, w_ih, b_ih):
@@ -83,6 +83,11 @@ class _RNNBase(Module):
             proj = proj.reshape(steps, batch, -1)
         # (traced, each step projects its own input: the trace then names no steps * batch
         # size, and its rerolled loop serves every length, compiler.reroll)
+        if self.mode == "LSTM" and proj is not None:
+            packed = fused_lstm.lstm_layer(proj, state[0], state[1], w_hh, b_hh, bool(suffix),
+                                           fused_lstm.layer_composite(_lstm_step, bool(suffix)))
+            if packed is not None:  # (outputs, then the final state, as views)
+                return packed[:steps], (packed[0 if suffix else steps - 1], packed[steps])
         order = range(steps - 1, -1, -1) if suffix else range(steps)
         outs = [None] * steps
         for t in order:
