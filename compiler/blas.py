@@ -6,8 +6,13 @@ a core the neighbour holds; a (32,128)x(128,128) product then takes several time
 with 2 threads than with 1, and an eager RNN backward over 64 steps was 1.5x slower.
 Measured here, a second thread makes products of 2-8 million multiply-adds 1.4x
 faster on a quiet machine but 1.2-1.5x slower next to a busy process; from about 12
-million it wins in both. So a BLAS call of `LARGE_MACS` (10^7) multiply-adds or more gets
-BLAS's threads, and a smaller one runs on one thread whatever the neighbours do
+million it won in both, measured product by product. Inside a whole step it did not: a
+W2 MLP step (two products of 12.8 million) ran at 1.4 ms eagerly next to a busy process,
+until an llvm-compiled step had run in the same process; from then on 48 ms, every
+time (BLAS's worker had to wait for the core the neighbour held, once per product). So a
+BLAS call of `LARGE_MACS` (5 * 10^7, about 0.7 ms on one thread) multiply-adds or more
+gets BLAS's threads, where a stall of a scheduler slice costs at most a few times the
+product, and a smaller one runs on one thread whatever the neighbours do
 (`benchmarks/blas_threads.py`). Size is per BLAS call (m*k*n): a batched product calls
 BLAS once per item.
 
@@ -52,7 +57,7 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 SPIN = "18"  # OPENBLAS_THREAD_TIMEOUT for SciPy's OpenBLAS: idle workers sleep after 2**18 cycles
-LARGE_MACS = 10_000_000  # multiply-adds of one BLAS call from which it gets BLAS's threads
+LARGE_MACS = 50_000_000  # multiply-adds of one BLAS call from which it gets BLAS's threads
 
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", SPIN)  # read when SciPy's OpenBLAS loads
 

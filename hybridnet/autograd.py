@@ -179,8 +179,9 @@ def _accumulate(leaf, g, create_graph):
     if leaf._grad is None:  # laid out as the leaf (PyTorch's layout contract): a weight
         # used as W.T gets its gradient as a transposed view, and an update reading a
         # transposed .grad against a row-major parameter ran 4x slower
-        buf = np.empty_like(leaf._data) if leaf._data.shape == data.shape else \
-            np.empty(data.shape, leaf._data.dtype)
+        flags = leaf._data.flags  # (a leaf that is not dense gets a row-major .grad)
+        buf = np.empty_like(leaf._data) if leaf._data.shape == data.shape and (
+            flags.c_contiguous or flags.f_contiguous) else np.empty(data.shape, leaf._data.dtype)
         np.copyto(buf, data, casting="unsafe")
         leaf._grad = wrap(buf)
     elif leaf._grad._rg or leaf._grad._data.shape != data.shape:

@@ -52,7 +52,7 @@ class FusedNode(TapeNode, OwnBackward):
     saved for it (freed with the node's value); `composite(*tensors)` computes the same
     with primitives (what `unfuse` puts in its place when the tape is read as a graph)."""
 
-    __slots__ = ("grad_rule", "extra", "composite")
+    __slots__ = ("grad_rule", "extra", "composite", "watched")
 
     def route(self, e, g, value_of):
         return list(zip(self.inputs, self.grad_rule(self, e, g, value_of)))
@@ -88,30 +88,29 @@ def composites():
         _OFF[0] -= 1
 
 
-def result(name, out, inputs, grad_rule, composite, extra=None, saves=()):
+def result(name, out, inputs, grad_rule, composite, extra=None, saves=(), closed=()):
     """The tensor of fused op `name`'s result `out`, with a `FusedNode` when grad mode is
-    on and an input requires grad. `saves`: tensors whose values the backward reads (a
-    later in-place update of one makes backward raise, as for any op)."""
+    on and an input requires grad. `saves`: tensors whose values the NumPy backward reads
+    (a later in-place update of one makes backward raise, as for any op); `closed`:
+    tensors `composite` reads besides the inputs (cross-entropy's targets). The versions
+    of the inputs and of `closed` are kept too: a rerun of the composite (`replay`,
+    `unfuse`) raises rather than read values updated since."""
     if not (STATE.grad and any(t._rg for t in inputs)):
         return make(out)
     node = FusedNode(name, tuple(node_of(t) for t in inputs), {}, out.shape, out.dtype, True)
     node.value, node.ref, node.grad_rule, node.extra = out, None, grad_rule, extra
     node.composite = composite
+    node.watched = tuple((vc, vc[0]) for vc in map(version_counter, (*inputs, *closed)))
     node.saved = tuple((vc, vc[0]) for vc in map(version_counter, saves))
     return make(out, True, node)
 
 
 def replay(node, e, g, value_of) -> list:
     """The gradients of a fused node from its composite: run again from the inputs (with
-    history when `e` records it, as under create_graph), then the composite's vjps.
-    For fused ops whose hand-written backward is NumPy only."""
-    grad, STATE.grad = STATE.grad, True
-    _OFF[0] += 1
-    try:
-        out = node.composite(*(value_of(n) for n in node.inputs))
-    finally:
-        _OFF[0] -= 1
-        STATE.grad = grad
+    history down to them), then the composite's vjps through `e` (recorded, or with
+    history under create_graph). For fused ops whose hand-written backward is NumPy
+    only, when the backward's ops must be ops."""
+    out = _rerun(node, "backward")
     targets = {id(n): i for i, n in enumerate(node.inputs)}
     found = {}
 
@@ -195,8 +194,9 @@ def _relu_grad(node, e, g, value_of):
     mask = node.value > 0
     if e.in_place:
         gd = g._data
-        if np.isfinite(gd).all():  # (g * mask = where(mask, g, 0) when g is finite)
-            return (wrap(np.multiply(gd, mask, dtype=gd.dtype)),)
+        if np.isfinite(gd).all():  # g * mask is where(mask, g, 0) for a finite g; adding
+            out = np.multiply(gd, mask, out=np.empty(gd.shape, gd.dtype))  # 0 makes its
+            return (wrap(np.add(out, gd.dtype.type(0), out=out)),)  # -0.0 where's +0.0
     return (e("where", const(e, mask), g, 0),)
 
 
@@ -233,25 +233,27 @@ def cross_entropy(input, target, ignore_index, reduction, check, composite):
             out = out / den
     extra = (ex, s, rows, cols, w, den, reduction, m)
     return result("cross_entropy", np.asarray(out, x.dtype), (input,), _ce_grad, composite,
-                  extra, saves=(input,))
+                  extra, closed=(target,))
 
 
 def _ce_grad(node, e, g, value_of):
     ex, s, rows, cols, w, den, reduction, m = node.extra
+    kept = w != 0  # (ignored rows get 0, also for an infinite or NaN g, or den = 0)
     if e.in_place:  # (no history: the forward's exp and sums)
-        coef = g._data * w if reduction != "mean" else (g._data / den) * w
         with np.errstate(all="ignore"):
+            coef = np.where(kept, g._data * w if reduction != "mean" else (g._data / den) * w,
+                            w.dtype.type(0))
             grad = ex / s
             grad[rows, cols] -= 1
             grad *= coef[:, None]
         return (wrap(grad),)
-    x = value_of(node.inputs[0])
+    x = _inputs(node, "backward")[0]
     exps = e("exp", e("sub", x, const(e, m)))
     p = e("div", exps, e("sum", exps, dims=(1,), keepdim=True))
     onehot = np.zeros(ex.shape, ex.dtype)
     onehot[rows, cols] = 1
-    coef = e("mul", g if reduction != "mean" else e("div", g, const(e, np.asarray(den))),
-             const(e, w))
+    coef = e("where", const(e, kept), e("mul", g if reduction != "mean" else e(
+        "div", g, const(e, np.asarray(den))), const(e, w)), 0)
     return (e("mul", e("sub", p, const(e, onehot)), e("reshape", coef, shape=(len(w), 1))),)
 
 
@@ -273,26 +275,46 @@ def unfuse(roots) -> list:
     return [replaced.get(id(r), r) for r in roots]
 
 
-def _expand(node):
-    for n in (node, *node.inputs):
-        if n.value is None:
-            raise RuntimeError(f"graph_of: the values of '{node.op}' ({node.type_str()}) were "
-                               "freed by backward(); read the graph before, or pass "
-                               "retain_graph=True")
-    for vc, version in node.saved:
-        if vc[0] != version:
-            raise RuntimeError(f"graph_of: an input or output of '{node.op}' "
-                               f"({node.type_str()}) was modified by an in-place operation "
-                               "since it ran")
-    start = next_seq()
+def _rerun(node, why):
+    """node's composite on its inputs' values, recorded (`_inputs`)."""
+    tensors = _inputs(node, why)
     grad, STATE.grad = STATE.grad, True
     _OFF[0] += 1
     try:
-        out = node.composite(*(make(n.value, n.requires_grad, n) for n in node.inputs))
+        return node.composite(*tensors)
     finally:
         _OFF[0] -= 1
         STATE.grad = grad
+
+
+def _inputs(node, why) -> list:
+    """Tensors of node's input values with history down to the inputs' nodes, sharing
+    their version counters; raises where a value was freed, or an input or a tensor the
+    composite reads was updated in place since the fused op ran."""
+    for n in (node, *node.inputs):
+        if n.value is None:
+            raise RuntimeError(f"{why}: the values of '{node.op}' ({node.type_str()}) were "
+                               "freed by backward(); read the graph before, or pass "
+                               "retain_graph=True")
+    for vc, version in (*node.saved, *node.watched):
+        if vc[0] != version:
+            raise RuntimeError(f"{why}: one of the values needed for gradient computation "
+                               f"has been modified by an in-place operation: an input of "
+                               f"'{node.op}' ({node.type_str()}) is at version {vc[0]}; "
+                               f"expected version {version}")
+    tensors = []
+    for n, (vc, _) in zip(node.inputs, node.watched):
+        t = make(n.value, n.requires_grad, n)
+        t._vc = vc
+        tensors.append(t)
+    return tensors
+
+
+def _expand(node):
+    start = next_seq()
+    out = _rerun(node, "graph_of")
     new = [n for n in collect([out._node]) if n.seq >= start]
     for k, n in enumerate(new):  # (ordered between the fused node's inputs and its users)
         n.seq = node.seq - 1 + (k + 1) / (len(new) + 1)
     return out._node
+

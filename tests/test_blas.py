@@ -40,8 +40,8 @@ def test_macs_counts_one_blas_call():
 
 
 def test_a_kernel_is_large_when_large_products_dominate():
-    mlp = [((64, 784), (784, 256)), ((64, 256), (256, 256)), ((64, 256), (256, 10))]
-    rnn = [((2048, 128), (128, 128))] + [((32, 128), (128, 128))] * 64
+    mlp = [((256, 784), (784, 256)), ((256, 256), (256, 256)), ((256, 256), (256, 10))]
+    rnn = [((8192, 128), (128, 128))] + [((32, 128), (128, 128))] * 256
     assert blas.kernel_is_large(mlp)
     assert not blas.kernel_is_large(rnn)  # half its work is in small recurrent products
     assert not blas.kernel_is_large([])
@@ -57,15 +57,15 @@ def test_a_loop_bodys_products_count_once_per_step():
     w, u = hn.randn(128, 128), hn.randn(128, 128)
 
     def f(x, xs):
-        y = x @ w  # one large product: 2048*128*128 multiply-adds
+        y = x @ w  # one large product: 4096*128*128 multiply-adds
         h = hn.zeros(32, 128)
-        for t in range(xs.shape[0]):  # 64 small ones of 32*128*128: as much work
+        for t in range(xs.shape[0]):  # 128 small ones of 32*128*128: as much work
             h = (xs[t] @ u + h @ u).tanh()
         return y.sum() + h
 
     traced = hn.trace(f)
     with hn.no_grad():
-        traced(hn.randn(2048, 128), hn.randn(64, 32, 128))
+        traced(hn.randn(4096, 128), hn.randn(64, 32, 128))
     graph = next(iter(traced.specializations.values())).traces[0].tg.graph
     rolled, made = reroll(graph)
     assert made == 1
@@ -109,14 +109,14 @@ def _numpy_threads():
 def test_eager_products_choose_threads_by_size(spy):
     hn.randn(32, 128) @ hn.randn(128, 128)
     assert spy == []
-    big_a, big_b = hn.randn(256, 256), hn.randn(256, 256)  # 2**24 multiply-adds
+    big_a, big_b = hn.randn(400, 400), hn.randn(400, 400)  # 6.4e7 multiply-adds
     big = big_a @ big_b
     # in SciPy's BLAS, on 2 threads; NumPy's stays on one
     assert spy == [("scipy", {1}, {2})]
     np.testing.assert_allclose(big.numpy(), big_a.numpy() @ big_b.numpy(), rtol=1e-4)
-    hn.tensor(np.ones((256, 256), np.int64)) @ hn.tensor(np.ones((256, 256), np.int64))
+    hn.tensor(np.ones((400, 400), np.int64)) @ hn.tensor(np.ones((400, 400), np.int64))
     assert len(spy) == 1  # (integer products do not use BLAS)
-    a3, b2 = hn.randn(2, 256, 256), hn.randn(256, 256)
+    a3, b2 = hn.randn(2, 400, 400), hn.randn(400, 400)
     batched = a3 @ b2  # in NumPy's BLAS, threaded for the call only
     assert spy[1][:2] == ("numpy", {2}) and _numpy_threads() == {1}
     np.testing.assert_allclose(batched.numpy(), a3.numpy() @ b2.numpy(), rtol=1e-4)
@@ -124,12 +124,12 @@ def test_eager_products_choose_threads_by_size(spy):
 
 @pytest.mark.usefixtures("two_threads")
 def test_backward_products_follow_the_rule(spy):
-    w = hn.randn(256, 256, requires_grad=True)
-    x = hn.randn(256, 256)
+    w = hn.randn(400, 400, requires_grad=True)
+    x = hn.randn(400, 400)
     (x @ w).sum().backward()
     assert [s[0] for s in spy] == ["scipy", "scipy"]  # the forward and the vjp's product
     assert _numpy_threads() == {1}
-    np.testing.assert_allclose(w.grad.numpy(), x.numpy().T @ np.ones((256, 256), np.float32),
+    np.testing.assert_allclose(w.grad.numpy(), x.numpy().T @ np.ones((400, 400), np.float32),
                                rtol=1e-4)
 
 
@@ -161,7 +161,7 @@ def _kernel_threads():
 def test_compiled_kernels_choose_threads_by_size(spy):
     layer = hn.trace(lambda x, w: hn.relu(x @ w.T), backend="numba")
     small = hn.trace(lambda x, w: hn.relu(x @ w.T), backend="numba")
-    x, w = hn.randn(64, 784), hn.randn(256, 784)
+    x, w = hn.randn(256, 784), hn.randn(256, 784)  # (5.1e7 multiply-adds)
     xs, ws = hn.randn(32, 128), hn.randn(128, 128)  # a small product through BLAS
     with hn.no_grad():
         for i in range(4):
@@ -188,7 +188,7 @@ def test_eager_and_compiled_products_taking_turns_use_one_threaded_pool(spy):
     hn.manual_seed(0)
     model = hn.nn.Sequential(hn.nn.Linear(784, 256), hn.nn.ReLU(), hn.nn.Linear(256, 10))
     traced = hn.trace(model)
-    x = hn.randn(64, 784)
+    x = hn.randn(256, 784)  # (its first product: 5.1e7 multiply-adds)
     with hn.no_grad():
         for _ in range(4):
             a = traced(x)

@@ -16,7 +16,7 @@ from compiler.ops import REGISTRY
 
 from .. import fused
 from ..shape import cat, stack
-from ..tensor import Tensor, version_counter, wrap
+from ..tensor import Tensor, wrap
 
 _sigmoid = REGISTRY["sigmoid"].impl
 
@@ -97,7 +97,7 @@ def lstm_layer(proj, h0, c0, w_hh, b_hh, reverse, composite):
     acts = np.empty((steps, batch, 4 * n), p.dtype)
     cells = np.empty((steps + 1, batch, n), p.dtype)  # the cell state before each step
     tcs = np.empty((steps, batch, n), p.dtype)
-    packed = np.empty((steps + 1, batch, n), p.dtype)
+    hs = np.empty((steps, batch, n), p.dtype)  # (private: the result may be updated)
     h, cells[0] = h0._data, c0._data
     for k, t in enumerate(order):
         gates = np.add(p[t], blas.matmul(h, wt))
@@ -109,22 +109,18 @@ def lstm_layer(proj, h0, c0, w_hh, b_hh, reverse, composite):
         np.multiply(a[:, n:2 * n], cells[k], out=cells[k + 1])
         cells[k + 1] += a[:, :n] * a[:, 2 * n:3 * n]
         np.tanh(cells[k + 1], out=tcs[k])
-        h = np.multiply(a[:, 3 * n:], tcs[k], out=packed[t])
-    packed[steps] = cells[steps]
+        h = np.multiply(a[:, 3 * n:], tcs[k], out=hs[t])
+    packed = np.concatenate([hs, cells[steps:]])
     ins = (proj, h0, c0, w_hh) + (() if b_hh is None else (b_hh,))
-    res = fused.result("lstm_layer", packed, ins, _layer_grad, composite,
-                       (acts, cells, tcs, bool(reverse)), saves=(h0, w_hh))
-    if res._node is not None:
-        vc = version_counter(res)
-        res._node.saved += ((vc, vc[0]),)
-    return res
+    return fused.result("lstm_layer", packed, ins, _layer_grad, composite,
+                        (acts, cells, tcs, hs, bool(reverse)), saves=(h0, w_hh))
 
 
 def _layer_grad(node, e, g, value_of):
     if not e.in_place:
         return fused.replay(node, e, g, value_of)
-    acts, cells, tcs, reverse = node.extra
-    packed, h0, w = node.value, node.inputs[1].value, node.inputs[3].value
+    acts, cells, tcs, hs, reverse = node.extra
+    h0, w = node.inputs[1].value, node.inputs[3].value
     grad = g._data
     steps, batch, n = tcs.shape
     order = range(steps - 1, -1, -1) if reverse else range(steps)
@@ -147,8 +143,8 @@ def _layer_grad(node, e, g, value_of):
     grads = [wrap(dgates) if wants[0] else None, wrap(dh) if wants[1] else None,
              wrap(dc) if wants[2] else None, None]
     if wants[3]:  # (the state before the step at each time)
-        prev = np.concatenate([packed[1:steps], h0[None]]) if reverse else \
-            np.concatenate([h0[None], packed[:steps - 1]])
+        prev = np.concatenate([hs[1:], h0[None]]) if reverse else \
+            np.concatenate([h0[None], hs[:-1]])
         grads[3] = wrap(blas.matmul(dgates.reshape(-1, 4 * n).T, prev.reshape(-1, n)))
     if len(wants) > 4:
         grads.append(wrap(np.add.reduce(dgates, axis=(0, 1))) if wants[4] else None)
