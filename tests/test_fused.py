@@ -9,6 +9,7 @@ import pytest
 import hybridnet as hn
 import hybridnet.nn.functional as F
 from hybridnet import fused
+from hybridnet.cli_bench import training_step
 
 TOL = {np.float32: dict(rtol=2e-6, atol=1e-6), np.float64: dict(rtol=1e-13, atol=1e-14)}
 
@@ -225,20 +226,13 @@ def test_a_traced_training_step_matches_the_fused_eager_step():
         model = hn.nn.Sequential(hn.nn.Linear(6, 5), hn.nn.ReLU(), hn.nn.Linear(5, 3))
         return model, hn.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
-    def step(model, opt, x, y):
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
     (m1, o1), (m2, o2) = make(), make()
-    traced = hn.trace(lambda x, y: step(m2, o2, x, y))
+    step, traced = training_step(m1, o1), hn.trace(training_step(m2, o2))
     rng = np.random.default_rng(7)
     for _ in range(5):
         x = hn.tensor(rng.standard_normal((4, 6)).astype(np.float32))
         y = hn.tensor(rng.integers(0, 3, 4))
-        a, b = step(m1, o1, x, y), traced(x, y)
+        a, b = step(x, y), traced(x, y)
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5)
     for p, q in zip(m1.parameters(), m2.parameters()):
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-5, atol=1e-6)

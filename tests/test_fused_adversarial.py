@@ -12,6 +12,7 @@ import torch
 import hybridnet as hn
 import hybridnet.nn.functional as F
 from hybridnet import fused
+from hybridnet.cli_bench import training_step
 
 TF = torch.nn.functional
 R64 = dict(rtol=1e-10, atol=1e-12)
@@ -104,20 +105,13 @@ def test_traced_step_and_eager_step_agree_on_a_batch_whose_targets_are_all_ignor
         model = hn.nn.Linear(4, 3, dtype=np.float64)
         return model, hn.optim.SGD(model.parameters(), lr=0.1)
 
-    def step(model, opt, x, y):
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
     (m1, o1), (m2, o2) = make(), make()
-    traced = hn.trace(lambda x, y: step(m2, o2, x, y))
+    step, traced = training_step(m1, o1), hn.trace(training_step(m2, o2))
     rng = np.random.default_rng(0)
     for _ in range(3):
         x = hn.tensor(rng.standard_normal((5, 4)))
         y = hn.tensor(np.full(5, -100))
-        step(m1, o1, x, y), traced(x, y)
+        step(x, y), traced(x, y)
     for p, q in zip(m1.parameters(), m2.parameters()):
         assert np.isfinite(q.detach().numpy()).all()
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), **R64)
