@@ -203,14 +203,18 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     for i, t in enumerate(inputs):
         if not t._rg:
             raise RuntimeError(f"grad: input {i} (shape {list(t.shape)}) does not require grad")
-    targets = {id(node_of(t)): i for i, t in enumerate(inputs)}
+    targets = {}  # node id -> the positions of `inputs` it is (a tensor may repeat)
+    for i, t in enumerate(inputs):
+        targets.setdefault(id(node_of(t)), []).append(i)
     found = [None] * len(inputs)
 
     def sink(node, g):
-        i = targets.get(id(node))
-        if i is not None:
+        slots = targets.get(id(node))
+        if slots is not None:
             # (inside a traced call: the recorded value itself, which the trace can replay)
-            found[i] = g if create_graph or STATE.tracer is not None else wrap(g._data)
+            g = g if create_graph or STATE.tracer is not None else wrap(g._data)
+            for i in slots:
+                found[i] = g
 
     retain = create_graph if retain_graph is None else retain_graph
     _run(outputs, grad_outputs, sink, retain, create_graph, "grad")

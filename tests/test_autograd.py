@@ -255,3 +255,12 @@ def test_window_gradients_under_create_graph_keep_history():
     np.testing.assert_allclose(g.detach().numpy(), [3.0, 12 + 4, 6])
     g.sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), [6.0, 12 + 2, 2])
+
+
+def test_grad_with_respect_to_one_tensor_listed_twice_gives_it_in_both_places():
+    x = hn.tensor([1.0, 2.0], requires_grad=True)
+    y = hn.tensor([3.0], requires_grad=True)
+    gx1, gy, gx2 = hn.grad((x * x).sum() + (y * 2.0).sum(), [x, y, x])
+    np.testing.assert_array_equal(gx1.numpy(), [2.0, 4.0])
+    np.testing.assert_array_equal(gx2.numpy(), [2.0, 4.0])
+    np.testing.assert_array_equal(gy.numpy(), [2.0])
