@@ -125,14 +125,10 @@ def replay(node, e, g, value_of) -> list:
 
 def float_tensors(*ts) -> bool:
     """Tensors of one float32/float64 dtype (None entries aside)."""
+    if not all(isinstance(t, Tensor) for t in ts if t is not None):
+        return False
     dts = {t._data.dtype for t in ts if t is not None}
-    return len(dts) == 1 and dts.pop() in _FLOATS and all(
-        isinstance(t, Tensor) for t in ts if t is not None)
-
-
-def wants(node, i) -> bool:
-    """Does input `i` of `node` take a gradient?"""
-    return node.inputs[i].requires_grad
+    return len(dts) == 1 and dts.pop() in _FLOATS
 
 
 def const(e, array):
