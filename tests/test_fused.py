@@ -362,3 +362,53 @@ def test_graph_of_an_lstm_tape_holds_the_composite():
     values = {id(n): n.value for n in graph.inputs}
     (rerun,) = graph.run(*[values[id(n)] for n in graph.inputs])
     np.testing.assert_allclose(rerun, lstm_out.detach().numpy(), rtol=1e-12)
+
+
+# ---- Adam's update in NumPy (hybridnet/optim/adam.py) ------------------------------------
+
+
+def _adam_run(kind, dtype, steps=6, **kw):
+    hn.manual_seed(13)
+    model = hn.nn.Sequential(hn.nn.Linear(5, 4, dtype=dtype), hn.nn.Tanh(),
+                             hn.nn.Linear(4, 3, dtype=dtype))
+    opt = getattr(hn.optim, kind)(model.parameters(), lr=0.05, **kw)
+    rng = np.random.default_rng(14)
+    for k in range(steps):
+        x = hn.tensor(rng.standard_normal((6, 5)).astype(dtype))
+        opt.zero_grad()
+        ((model(x) ** 2).mean()).backward()
+        if k == 3:
+            for group in opt.param_groups:
+                group["lr"] = 0.02
+        opt.step()
+    state = [{k: (v.numpy().copy() if hasattr(v, "numpy") else v) for k, v in s.items()}
+             for s in opt.state.values()]
+    return [p.detach().numpy().copy() for p in model.parameters()], state, model, opt
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind,kw", [
+    ("Adam", {}), ("Adam", dict(weight_decay=0.1)), ("Adam", dict(amsgrad=True)),
+    ("Adam", dict(maximize=True, betas=(0.8, 0.9), eps=1e-6)), ("AdamW", {}),
+    ("AdamW", dict(amsgrad=True, weight_decay=0.3))])
+def test_adam_numpy_update_is_the_tensor_update_bit_for_bit(dtype, kind, kw, monkeypatch):
+    from hybridnet.optim import adam
+    calls = []
+    fast = adam._fast_update
+    monkeypatch.setattr(adam, "_fast_update", lambda *a: calls.append(1) or fast(*a))
+    params, state, model, opt = _adam_run(kind, dtype, **kw)
+    assert len(calls) == 6 * 4  # (every step of every parameter)
+    with fused.composites():
+        want_params, want_state, want_model, want_opt = _adam_run(kind, dtype, **kw)
+    assert len(calls) == 6 * 4
+    for p, w in zip(params, want_params):
+        np.testing.assert_array_equal(p, w)
+    for s, w in zip(state, want_state):
+        assert s.keys() == w.keys()
+        for k in s:
+            np.testing.assert_array_equal(s[k], w[k])
+    from hybridnet.tensor import version_counter
+    for a, b in zip([*model.parameters(), *[v for s in opt.state.values() for v in s.values()]],
+                    [*want_model.parameters(),
+                     *[v for s in want_opt.state.values() for v in s.values()]]):
+        assert version_counter(a)[0] == version_counter(b)[0]

