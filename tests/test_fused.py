@@ -412,3 +412,20 @@ def test_adam_numpy_update_is_the_tensor_update_bit_for_bit(dtype, kind, kw, mon
                     [*want_model.parameters(),
                      *[v for s in want_opt.state.values() for v in s.values()]]):
         assert version_counter(a)[0] == version_counter(b)[0]
+
+
+def test_adam_state_loaded_with_other_types_takes_the_tensor_update():
+    """A state dict whose moments are float64 for float32 parameters (or whose step is
+    an int tensor) is updated by the tensor ops, as before: the NumPy path declines."""
+    params, _, model, opt = _adam_run("Adam", np.float32, steps=2)
+    sd = opt.state_dict()
+    for s in sd["state"].values():
+        s["exp_avg"] = hn.tensor(s["exp_avg"].numpy().astype(np.float64))
+        s["step"] = hn.tensor(np.int64(2))
+    opt.load_state_dict(sd)
+    from hybridnet.optim import adam
+    p = next(iter(model.parameters()))
+    assert not adam._fast(p, p, opt.state[p], opt.param_groups[0])
+    model(hn.randn(2, 5)).sum().backward()
+    opt.step()
+    assert all(np.isfinite(q.detach().numpy()).all() for q in model.parameters())

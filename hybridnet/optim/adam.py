@@ -9,7 +9,7 @@ from .. import fused
 from .._state import STATE
 from ..dtypes import float64
 from ..functional import maximum, sqrt
-from ..tensor import version_counter, wrap
+from ..tensor import Tensor, version_counter, wrap
 from .optimizer import Optimizer, _get
 from .tracked import hyper
 
@@ -93,9 +93,10 @@ def _fast(p, grad, state, group) -> bool:
         return False
     lr, eps, wd, betas = (dict.__getitem__(group, k) for k in ("lr", "eps", "weight_decay",
                                                                "betas"))
-    return all(type(v) in _NUMBERS for v in (lr, eps, wd, *betas)) and all(
-        v._data.dtype == p._data.dtype and v._data.shape == p._data.shape
-        for k, v in state.items() if k != "step")
+    return all(type(v) in _NUMBERS for v in (lr, eps, wd, *betas)) and \
+        isinstance(state.get("step"), Tensor) and all(
+            isinstance(v, Tensor) and v._data.dtype == p._data.dtype and
+            v._data.shape == p._data.shape for k, v in state.items() if k != "step")
 
 
 def _fast_update(p, grad, state, group, decoupled):
