@@ -37,6 +37,17 @@ class SequentialSampler(Sampler[int]):
         return len(self.data_source)
 
 
+def _positive_int(name, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} should be a positive integer value, but got "
+                         f"{name}={value}")
+
+
+def _boolean(name, value, error=ValueError) -> None:
+    if not isinstance(value, bool):
+        raise error(f"{name} should be a boolean value, but got {name}={value}")
+
+
 class RandomSampler(Sampler[int]):
     """Indices in random order: a fresh permutation each pass (with `num_samples` larger
     than the data, whole permutations then part of one); with `replacement=True`,
@@ -49,9 +60,7 @@ class RandomSampler(Sampler[int]):
         self.replacement = replacement
         self._num_samples = num_samples
         self.generator = _check_generator(generator, "RandomSampler")
-        if not isinstance(self.replacement, bool):
-            raise TypeError(f"replacement should be a boolean value, but got "
-                            f"replacement={self.replacement}")
+        _boolean("replacement", self.replacement, TypeError)
         if not isinstance(self.num_samples, int) or self.num_samples <= 0:
             raise ValueError(f"num_samples should be a positive integer value, but got "
                              f"num_samples={self.num_samples}")
@@ -99,13 +108,8 @@ class WeightedRandomSampler(Sampler[int]):
 
     def __init__(self, weights, num_samples: int, replacement: bool = True,
                  generator=None) -> None:
-        if (not isinstance(num_samples, int) or isinstance(num_samples, bool)
-                or num_samples <= 0):
-            raise ValueError(f"num_samples should be a positive integer value, but got "
-                             f"num_samples={num_samples}")
-        if not isinstance(replacement, bool):
-            raise ValueError(f"replacement should be a boolean value, but got "
-                             f"replacement={replacement}")
+        _positive_int("num_samples", num_samples)
+        _boolean("replacement", replacement)
         w = np.asarray(weights.tolist() if isinstance(weights, Tensor) else weights,
                        dtype=np.float64)
         if w.ndim != 1:
@@ -138,13 +142,8 @@ class BatchSampler(Sampler[list]):
     or dropped with `drop_last=True`)."""
 
     def __init__(self, sampler, batch_size: int, drop_last: bool) -> None:
-        if (not isinstance(batch_size, int) or isinstance(batch_size, bool)
-                or batch_size <= 0):
-            raise ValueError(f"batch_size should be a positive integer value, but got "
-                             f"batch_size={batch_size}")
-        if not isinstance(drop_last, bool):
-            raise ValueError(f"drop_last should be a boolean value, but got "
-                             f"drop_last={drop_last}")
+        _positive_int("batch_size", batch_size)
+        _boolean("drop_last", drop_last)
         self.sampler = sampler
         self.batch_size = batch_size
         self.drop_last = drop_last
