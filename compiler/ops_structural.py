@@ -156,7 +156,7 @@ def _inverse(perm):
 register(OpDef("reshape", 1, lambda x, shape: np.reshape(x, shape), _reshape_rule,
                vjp=(lambda e, g, x, o, a: e("reshape", g, shape=tuple(x[0].shape)),),
                attrs=("shape",), traits=_MOVE, saves=_NONE, doc="reshape (a view if possible)",
-               compose=_outer_wins, noop_same_type=True, zeros="first"))
+               compose=_outer_wins, noop_same_type=True, zeros="first", regroups=True))
 register(OpDef("permute", 1, lambda x, dims: np.transpose(x, dims), _permute_rule,
                vjp=(lambda e, g, x, o, a: e("permute", g, dims=_inverse(a["dims"])),),
                attrs=("dims",), traits=_MOVE, saves=_NONE, doc="reorder dims (a view)",
@@ -336,5 +336,5 @@ register(OpDef("matmul", 2, _matmul, _matmul_rule,
                                                  x[0].shape),
                     lambda e, g, x, o, a: sum_to(e, e("matmul", _swap_last(e, x[0]), g),
                                                  x[1].shape)),
-               traits=frozenset({Trait.PURE}), saves=_IN, transpose_swaps=True,
+               traits=frozenset({Trait.PURE}), saves=_IN, transpose_swaps=True, product=True,
                doc="batched matrix product; both inputs have ndim >= 2", zeros="any"))

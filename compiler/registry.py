@@ -61,6 +61,11 @@ class OpDef:
     swaps_last_two: Callable = None
     # op(a, b) with its last two dims swapped == op(b', a') with its operands' swapped
     transpose_swaps: bool = False
+    # A matrix product a @ b: each row of its 2-D result is a row of a times b
+    # (compiler.loop_hoist moves such products out of loops)
+    product: bool = False
+    # The same elements in row-major order, in another shape (a reshape)
+    regroups: bool = False
     # For a REDUCTION that folds values (sum, max, min): how it combines them ("add",
     # "max", "min") and where it starts ("zero", "lowest", "highest").
     combine: str = None

@@ -184,20 +184,54 @@ def _steps_loss(cell, scale):
     return loss
 
 
-def test_a_mean_over_every_step_keeps_eagers_answer():
-    """The mean's count (3 * 5 * n) is a constant the trace computed from the length: no
-    kernel for every length computes it (each length its own specialization), and every
-    call gives eager's answer."""
+@pytest.mark.parametrize("reduce", ["mean", "var", "mse"])
+def test_a_mean_over_every_step_is_one_kernel_that_counts_from_n(reduce):
+    """The mean's count (3 * 5 * n) and its gradient's 1 / count are float constants the
+    trace computed from the length: the kernel computes each from n (a whole number as
+    sitofp, a reciprocal as 1 / it, as exactly as the trace divided), and every call,
+    lengths never traced included, gives eager's answer and gradients."""
     hn.manual_seed(1)
     cell = nn.RNNCell(4, 5)
-    traced = hn.trace(_steps_loss(cell, lambda n: 1.0))
+
+    def loss(xs):
+        h, outs = hn.zeros(3, 5), []
+        for t in range(xs.shape[0]):
+            h = cell(xs[t], h)
+            outs.append(h)
+        y = hn.stack(outs)
+        if reduce == "var":
+            return y.var()
+        return F.mse_loss(y, y.detach() * 0.5) if reduce == "mse" else y.mean()
+    traced = hn.trace(loss)
     rng = np.random.default_rng(1)
-    for steps in (12, 15, 19, 26, 12, 3, 40):
+    for steps in (12, 15, 19, 26, 12, 3, 40, 64):
         xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
         same_loss_and_grads(traced, cell, xs)
-    assert not any(e.symbolic for e in traced.specializations.values())
-    fallbacks = [e["detail"] for e in traced.stats.events if e["kind"] == "backend_fallback"]
-    assert fallbacks and "differs between lengths" in fallbacks[0], fallbacks
+    assert any(e.symbolic for e in traced.specializations.values()), traced.stats.events
+    assert not [e for e in traced.stats.events if e["kind"] == "backend_fallback"]
+    assert traced.stats.compiled_calls >= 4
+
+
+def test_parametrize_computes_whole_and_reciprocal_float_literals_from_n():
+    body = 'define internal void @"hn_part0"(i8** %".1", i8** %".2") noinline\n{\nentry:\n' \
+           '  %".3" = fmul float 1.000000e+00, {a}\n  %".4" = fmul double 2.0, {b}\n' \
+           '  ret void\n}}'
+    import struct
+
+    def hexf(v):  # (llvmlite's form of a float literal: a double's bits)
+        return "0x" + struct.pack(">d", float(np.float32(v))).hex().upper()
+    ns = [12, 13, 17]
+    texts = [body.replace("{a}", hexf(15 * n)).replace("{b}", repr(1 / (4 * n)))
+             .replace("}}", "}") for n in ns]
+    text, _ = parametrize(texts, ns, n_slot=3)
+    assert '= sitofp i64 %"hn.s0.w" to float' in text
+    assert 'fdiv double 1.000000e+00' in text
+    from runtime.llvm_engine import _llvm
+    _llvm()["llvm"].parse_assembly(text).verify()
+    odd = [body.replace("{a}", hexf(v)).replace("{b}", "2.0").replace("}}", "}")
+           for v in (1 / 3, 1 / 3.5, 0.2)]  # (1 / 3.5: no whole count)
+    with pytest.raises(SymbolicError):
+        parametrize(odd, ns, n_slot=3)
 
 
 def test_a_float_that_is_no_count_goes_to_numba_with_the_reason():

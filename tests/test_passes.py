@@ -136,7 +136,7 @@ def test_constfold_golden_folds_chains_with_the_ops_impl():
           %1 = const(value=1.0, dtype='float32') : float32[]
           %2 = const(value=2.0, dtype='float32') : float32[]
           %3 = const(value=3.0, dtype='float32') : float32[]
-          %4 = const(value=array([3.0, 3.0, 3.0]), dtype='float32') : float32[3]
+          %4 = expand(%3, shape=(3,)) : float32[3]
           %5 = const(value=array([0.0, 1.0, 2.0]), dtype='float32') : float32[3]
           %6 = const(value=array([0.0, 3.0, 6.0]), dtype='float32') : float32[3]
           %7 = add(%0, %6) : float32[3]
@@ -252,10 +252,25 @@ def test_simplify_cast_and_full_slice_to_the_operand():
 def test_constfold_leaves_big_and_failing_ops_for_run_time():
     big = op("expand", const(1.0), shape=(4097,))
     bad = op("take", const(np.arange(3.0, dtype=np.float32)), const(np.array([5]), "int64"), dim=0)
-    ok = op("expand", const(1.0), shape=(4096,))
+    ok = op("expand", const(np.ones(1, np.float32)), shape=(4096,))
     g, changed = ConstantFolding().run(graph([big, bad, ok], []))
-    assert [o.op for o in g.outputs] == ["expand", "take", "const"]
-    assert g.outputs[2].attrs["value"].shape == (4096,)
+    assert [o.op for o in g.outputs] == ["expand", "take", "expand"]
+    assert g.outputs[2].inputs[0].op == "const" and g.outputs[2].inputs[0].shape == ()
+
+
+def test_constfold_keeps_a_uniform_result_as_its_one_value_broadcast():
+    """(an array whose size follows a loop's length would stop generalizing: the
+    gradient seed of `out.sum() * c`, folded, is c broadcast)"""
+    ones = const(np.ones((2, 3), np.float32))
+    neg = op("neg", op("mul", ones, const(np.zeros((2, 3), np.float32))))  # all -0.0
+    mixed = op("neg", const(np.array([0.0, -0.0], np.float32)))
+    g, changed = ConstantFolding().run(graph([op("add", ones, ones), neg, mixed], []))
+    two, zero, kept = g.outputs
+    assert two.op == "expand" and two.inputs[0].attrs["value"] == 2.0 and two.shape == (2, 3)
+    assert zero.op == "expand" and np.signbit(zero.inputs[0].attrs["value"])
+    assert kept.op == "const" and list(np.signbit(kept.attrs["value"])) == [True, False]
+    g2, changed2 = ConstantFolding().run(g)
+    assert not changed2  # (the broadcast form is final)
 
 
 def test_cse_consts_by_value_and_dtype_keeps_signed_zero_apart():

@@ -7,11 +7,14 @@ kernel serves every n when:
 
 1. The graphs are the same but for sizes (`Bounds.walk`): the same nodes and ops, every
    attribute equal (`_same_attrs`: a constant the Python code computed from the length,
-   `float(n % 7)` or a mean's count, is not a size, and is refused) except what follows
-   from a size: a slice bound fixed from its dim's start or end with step 1 (`x[1:]`,
-   `x[-3:]`), the one size of a reshape that follows the length (its -1), a loop's trip
-   count. Every node's shape is then one affine function `a*n + b` of the length through
-   all three points (at most one dim of a node follows it). Traces whose views Python
+   `n ** -0.5` or `float(n % 7)` at lengths where it is no affine function, is refused)
+   except what follows from a size: a slice bound fixed from its dim's start or end with
+   step 1 (`x[1:]`, `x[-3:]`), the one size of a reshape or expand that follows the
+   length (a reshape's -1), a loop's trip count, and a 0-d float constant that is a count
+   (`_count`: a whole number affine in the length, as a mean divides by, or exactly its
+   reciprocal, as the mean's gradient multiplies by). Every node's shape is then one
+   affine function `a*n + b` of the length through all three points (at most one dim of
+   a node follows it). Traces whose views Python
    bounded from sizes that differ between them (a clamped slice, `x[:20]` of 10 and 11
    rows; split and chunk pieces) never get here (TraceGraph.clamps).
 2. Lowered at each length with no choice that depends on a size (no row split across
@@ -19,10 +22,13 @@ kernel serves every n when:
    llvm_loop's carried buffers alternate counted from the last step), the three IR texts
    are the same but for i64/i32 literals, each an integer affine function of the length
    through all three points (a loop's trip count, a step picked from the end, a matrix's
-   row count). `parametrize` makes each a value computed at the top of its function from
-   n, which every part loads from the buffer table (slot `n_bufs`, after the
-   temporaries). Anything else (a literal in a loop body's function, a type's size)
-   raises SymbolicError, and numba's size-generic code is tried instead.
+   row count), and float literals that are such counts (converted with sitofp) or their
+   reciprocals (1 / that: IEEE division is correctly rounded, so the kernel divides to
+   the bits the trace's constant folding gave). `parametrize` makes each a value
+   computed at the top of its function from n, which every part loads from the buffer
+   table (slot `n_bufs`, after the temporaries). Anything else (a literal in a loop
+   body's function, a type's size) raises SymbolicError, and numba's size-generic code
+   is tried instead.
 
 Three points, not two: a size that is not affine in the length (`n // 2`, `n * n`)
 cannot agree with one affine function at three lengths. The bounds (`Bounds`: every size
@@ -36,7 +42,10 @@ from the input `sym` names, and checks every input against them.
 """
 
 import re
+import struct
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..errors import LoweringError
 from ..loop import is_loop, traced_trip
@@ -114,6 +123,8 @@ _INT = re.compile(r"-?\d+$")
 _DEFINE = re.compile(r'define [^@]*@("[^"]+"|[-\w.$]+)\(i8\*\* (%"[^"]*"|%[-\w.$]+)')
 _BODY_FN = re.compile(r'_b\d+_')  # (a loop body's functions get another buffer table)
 _TYPES = {"i64": 64, "i32": 32}
+_FLOATS = ("float", "double")  # (a count as a float literal: computed as sitofp of n's)
+_INVERSE = ".inverse"  # (its reciprocal: computed as 1 / that)
 
 
 def _tokens(line) -> list:
@@ -121,10 +132,44 @@ def _tokens(line) -> list:
 
 
 def _literals(column, ty):
-    """The integers a column of integer literals of i64 or i32 (one per length) stands
-    for; else None."""
+    """The integers a column of literals (one per length) stands for: integer literals
+    of i64 or i32, or float literals that are whole numbers (exactly, below 2**24); else
+    None."""
     if ty in ("i64", "i32") and all(kind == "num" and _INT.match(t) for kind, t in column):
         return [int(t) for _, t in column]
+    if ty in _FLOATS:
+        return _whole([_float(kind, t) for kind, t in column])
+    return None
+
+
+def _whole(values):
+    """Whole numbers below 2**24 (exact in float32) as ints, else None."""
+    if all(v is not None and v.is_integer() and abs(v) < 2 ** 24 for v in values):
+        return [int(v) for v in values]
+    return None
+
+
+def _reciprocals(values, ty):
+    """The counts c with values 1/c exactly as the type divides (a mean's gradient), else
+    None."""
+    real = np.float32 if ty == "float" else np.float64
+    counts = []
+    for v in values:
+        if v is None or not v or not np.isfinite(v):
+            return None
+        c = round(1.0 / v)
+        if not 0 < c < 2 ** 24 or real(1) / real(c) != real(v):
+            return None
+        counts.append(c)
+    return counts
+
+
+def _float(kind, text):
+    """The value of an LLVM float literal (hex: a double's bits), else None."""
+    if kind == "hex" and len(text) == 18:
+        return struct.unpack(">d", int(text, 16).to_bytes(8, "big"))[0]
+    if kind == "num":
+        return float(text)
     return None
 
 
@@ -133,7 +178,7 @@ def _int_type(tokens, j):
     (`add i64 %x, 5`, `store i32 7, ...`), if that is i64 or i32."""
     for kind, text in reversed(tokens[:j]):
         if kind == "word":
-            return text if text in _TYPES else None
+            return text if text in _TYPES or text in _FLOATS else None
     return None
 
 
@@ -189,6 +234,9 @@ def _line(row, ns, fn) -> str:
             continue
         ty = _int_type(toks[0], j)
         values = _literals(column, ty)
+        if values is None and ty in _FLOATS:
+            values = _reciprocals([_float(k, t) for k, t in column], ty)
+            ty = ty + _INVERSE if values is not None else ty
         if values is None or fn is None or fn.entry < 0 or _BODY_FN.search(fn.name):
             raise SymbolicError("the code differs between lengths beyond its sizes: "
                                 f"{row[0].strip()[:80]!r}")
@@ -213,6 +261,12 @@ def _prologue(fn, n_slot) -> list:
         rows.append(f'  {wide} = add i64 {name[:-1]}.m", {b}')
         if ty == "i32":
             rows.append(f"  {name} = trunc i64 {wide} to {ty}")
+        elif ty in _FLOATS:
+            rows.append(f"  {name} = sitofp i64 {wide} to {ty}")
+        elif ty.endswith(_INVERSE):
+            real = ty[:-len(_INVERSE)]
+            rows.append(f'  {name[:-1]}.f" = sitofp i64 {wide} to {real}')
+            rows.append(f'  {name} = fdiv {real} 1.000000e+00, {name[:-1]}.f"')
     return rows
 
 
@@ -319,7 +373,7 @@ class Bounds:
             shape = _fit_shape([tuple(n.shape) for n in nodes], ns, nodes[0].op)
             for size in shape:
                 self.at_least(size, 1)
-            _same_attrs(nodes)
+            _same_attrs(nodes, ns)
             if nodes[0].op == "slice":
                 self._slice(nodes, ns)
             elif is_loop(nodes[0]):
@@ -355,19 +409,21 @@ class Bounds:
             self.at_least(_minus(_minus(trip, 1), at), 0)
 
 
-def _same_attrs(nodes):
+def _same_attrs(nodes, ns):
     """Attributes are the same at every length, but for what follows from a size: a
-    slice's bounds (Bounds._slice) and a reshape's one size that follows the length (its
-    -1). Anything else that differs, a constant the Python code computed from the length
-    (`float(n % 7)`, a mean's count), is a value the kernel could not compute from n:
-    such traces get a kernel per length, or numba's if its code is the same."""
+    slice's bounds (Bounds._slice) and the one size of a reshape or expand that follows
+    the length (a reshape's -1). Anything else that differs, a constant the Python code
+    computed from the length (`float(n % 7)`, a mean's count), is a value the kernel
+    could not compute from n: such traces get a kernel per length, or numba's if its code
+    is the same."""
     op = nodes[0].op
     keys = [{k: attr_key(v) for k, v in n.attrs.items()} for n in nodes]
     for name, first in keys[0].items():
         values = [k.get(name) for k in keys]
-        if all(v == first for v in values) or op == "slice" and name == "index":
+        if all(v == first for v in values) or op == "slice" and name == "index" or \
+                op == "const" and name == "value" and _count(nodes, ns) is not None:
             continue
-        shapes = [tuple(n.attrs[name]) for n in nodes] if op == "reshape" else ()
+        shapes = [tuple(n.attrs[name]) for n in nodes] if op in ("reshape", "expand") else ()
         if name == "shape" and len({len(v) for v in shapes}) == 1 and \
                 sum(len(set(dim)) > 1 for dim in zip(*shapes)) == 1:
             continue
@@ -375,6 +431,19 @@ def _same_attrs(nodes):
                             "from the length, not a size)")
     if any(k.keys() != keys[0].keys() for k in keys[1:]):
         raise SymbolicError(f"{op}: its attributes differ between lengths")
+
+
+def _count(nodes, ns):
+    """The Affine a 0-d float constant follows at every length (a mean's count, n * 8 of
+    a float32[n, 2, 4]: lowered as the integer converted, see `_line`), else None."""
+    values = [n.attrs["value"] for n in nodes]
+    if nodes[0].shape or nodes[0].dtype.kind != "f" or \
+            not all(isinstance(v, (int, float)) for v in values):
+        return None
+    ty = "float" if nodes[0].dtype.itemsize == 4 else "double"
+    counts = _whole([float(v) for v in values]) or _reciprocals([float(v) for v in values], ty)
+    f = counts and fit(counts, ns)
+    return f if isinstance(f, Affine) else None
 
 
 def _need(values, ns):

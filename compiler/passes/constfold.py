@@ -28,10 +28,23 @@ def make_const(array: np.ndarray, requires_grad: bool = False) -> Node:
                 array.dtype, requires_grad)
 
 
+def _broadcast_scalar(node: Node) -> bool:
+    """A constant scalar broadcast (the form uniform results fold to)."""
+    return REGISTRY[node.op].has(Trait.BROADCAST) and node.inputs[0].op == "const" and \
+        not node.inputs[0].shape and node.inputs[0].dtype == node.dtype
+
+
+def _value(node: Node) -> np.ndarray:
+    if node.op == "const":
+        return const_value(node)
+    return np.broadcast_to(const_value(node.inputs[0]), node.shape)
+
+
 def _foldable(node: Node) -> bool:
     opdef = REGISTRY[node.op]
     return (opdef.has(Trait.PURE) and not opdef.has(Trait.SOURCE)
-            and all(i.op == "const" for i in node.inputs)
+            and not _broadcast_scalar(node)
+            and all(i.op == "const" or _broadcast_scalar(i) for i in node.inputs)
             and math.prod(node.shape) <= MAX_FOLD_ELEMENTS)
 
 
@@ -43,7 +56,7 @@ def fold(node: Node) -> Node | None:
     """
     if not _foldable(node):
         return None
-    args = [const_value(i) for i in node.inputs]
+    args = [_value(i) for i in node.inputs]
     try:
         with np.errstate(all="ignore"):
             result = np.asarray(REGISTRY[node.op].impl(*args, **node.attrs))
@@ -51,7 +64,27 @@ def fold(node: Node) -> Node | None:
         return None
     if tuple(result.shape) != tuple(node.shape) or result.dtype != node.dtype:
         return None  # impl and shape rule disagree: not ours to paper over
+    if result.size > 1 and _uniform(result):
+        return _broadcast(result, node.requires_grad)
     return make_const(result, node.requires_grad)
+
+
+def _uniform(array) -> bool:
+    """Every element the same value (the same bits: -0.0 is not 0.0; NaNs alike)."""
+    if array.dtype.kind in "OSUV" or not array.size:
+        return False
+    flat = np.ascontiguousarray(array).reshape(-1)
+    bits = flat.view(np.uint8).reshape(flat.size, flat.itemsize)
+    return bool((bits == bits[0]).all())
+
+
+def _broadcast(array, requires_grad) -> Node:
+    """A uniform array as its one value broadcast (the gradient seed of `x.sum() * c` over
+    a sequence: no array whose size follows a length, which generalizing could not
+    compute from the length, and no bytes in the kernel)."""
+    scalar = make_const(array.reshape(-1)[0])
+    return Node("expand", (scalar,), {"shape": tuple(array.shape)}, tuple(array.shape),
+                array.dtype, requires_grad)
 
 
 class ConstantFolding:

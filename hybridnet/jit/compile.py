@@ -7,6 +7,8 @@ import time
 
 from compiler.autodiff import inputs_read_by_vjps, reaching
 from compiler.errors import LoweringError
+from compiler.loop import is_loop
+from compiler.loop_hoist import hoist_products
 from compiler.partition import split_gradient
 from compiler.passes.manager import optimize as run_passes
 from compiler.reroll import reroll
@@ -56,9 +58,11 @@ def compile_trace(tg, dynamic, backend="numba", lazy=False) -> CompileResult:
         _refuse_updated_saved_inputs(tg)
         wrt = [tg.graph.inputs[i] for i in tg.grad_inputs]
         split, report = split_gradient(tg.graph, wrt, tg.grad_results, tg.blocked)
-        forward = split.forward
+        forward = _hoisted(split.forward, report)
+        _hoisted(split.backward, report)
     else:
         forward, report = optimize(reroll(tg.graph)[0])
+        _hoisted(forward, report)
     lazy = lazy and bool(loop_trips(forward))
     exe, kernel, program, reused, fallback = compile_graph(
         forward, dynamic, tg.n_results, tg.guards, tg.writebacks, tg.fresh,
@@ -79,6 +83,17 @@ def compile_trace(tg, dynamic, backend="numba", lazy=False) -> CompileResult:
         result.backward.backend = "numba" if bfallback or backend == "numba" else backend
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _hoisted(graph, report):
+    """`graph` with its loops' products moved out of them (compiler.loop_hoist, in place),
+    reported as a pass."""
+    start, before = time.perf_counter(), len(graph.nodes)
+    moved = hoist_products(graph) if any(is_loop(n) for n in graph.nodes) else 0
+    report.append({"name": "loop_hoist", "changed": bool(moved),
+                   "seconds": time.perf_counter() - start, "nodes_before": before,
+                   "nodes_after": len(graph.nodes)})
+    return graph
 
 
 def _refuse_updated_saved_inputs(tg):
