@@ -49,6 +49,17 @@ MAX_LOOPS = 8  # loops made per graph
 def reroll(graph: Graph) -> tuple:
     """A copy of `graph` with its repeated regions as loop nodes; returns (graph, loops),
     `loops` the number of loop nodes made (0: the copy computes as `graph` does)."""
+    outermost = not _OUTER[0]
+    _OUTER[0] = True
+    try:
+        return _reroll(graph)
+    finally:
+        if outermost:  # (nested bodies reroll inside: the keys live until the end)
+            _ATTR_KEYS.clear()
+            _OUTER[0] = False
+
+
+def _reroll(graph: Graph) -> tuple:
     g = graph.clone()
     merge_copies(g)
     g, _ = DeadCodeElimination().run(g)
@@ -83,7 +94,7 @@ def _signature(node) -> tuple:
     if is_slice(node):
         attrs = tuple((b - a, c) for a, b, c in node.attrs["index"])
     else:
-        attrs = tuple(sorted((k, attr_key(v)) for k, v in node.attrs.items()))
+        attrs = _attrs_key(node)
     ins = tuple((tuple(i.shape), i.dtype.str) for i in node.inputs)
     return (node.op, attrs, tuple(node.shape), node.dtype.str, ins)
 
@@ -301,8 +312,21 @@ def _maps(us, column) -> bool:
 
 
 def _same_attrs(a, b) -> bool:
-    return tuple(sorted((k, attr_key(v)) for k, v in a.attrs.items())) == \
-        tuple(sorted((k, attr_key(v)) for k, v in b.attrs.items()))
+    return a is b or _attrs_key(a) == _attrs_key(b)
+
+
+# id(node) -> (node, its attributes' key): region searches ask the same nodes again (the
+# node is kept, so an id is never another node's while its entry lives; cleared by reroll)
+_ATTR_KEYS = {}
+_OUTER = [False]  # (inside a reroll call)
+
+
+def _attrs_key(node) -> tuple:
+    hit = _ATTR_KEYS.get(id(node))
+    if hit is None or hit[0] is not node:
+        hit = _ATTR_KEYS[id(node)] = (node, tuple(sorted(
+            (k, attr_key(v)) for k, v in node.attrs.items())))
+    return hit[1]
 
 
 def _add_seq(r, found) -> int:
