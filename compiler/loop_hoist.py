@@ -93,10 +93,11 @@ class _Edit:
         self.inv_inputs = list(zip(body.inputs[nc:nc + ni], loop.inputs[nc:nc + ni]))
         self.seqs = list(zip(body.inputs[nc + ni:], spec.seqs, loop.inputs[nc + ni:]))
         self.collects = list(zip(body.outputs[nc:], spec.collects))
-        self.before, self.after = [], []
-        self.out_of = {}  # old output index -> ("out", new body output) or ("node", outer)
+        self.before, self.after = [], []  # outer nodes to put before and after the loop
         self.removed = set()  # carried positions that left the loop
-        self.sunk = {}  # collected position -> outer node reading its new collected value
+        # collected position -> ("product", w): a @ w of the value collected there; or
+        # ("sum", carried j, transposed): j's final value from this and the next position
+        self.sunk = {}
         self.users = None
         self._users()
 
@@ -110,10 +111,12 @@ class _Edit:
         computation copied before the loop), else None."""
         if id(value) in self.invariants:
             return self.invariants[id(value)]
-        if value.op == "input" or is_loop(value) or not REGISTRY[value.op].has(Trait.PURE):
+        if value.is_source:  # (an input other than an invariant: carried, a sequence)
+            if value.op == "input":
+                return None
+            copy = _node(value.op, (), dict(value.attrs), value.shape, value.dtype)
+        elif is_loop(value) or not REGISTRY[value.op].has(Trait.PURE):
             return None
-        if value.op == "const":
-            copy = _node("const", (), dict(value.attrs), value.shape, value.dtype)
         else:
             ins = [self._outer(i) for i in value.inputs]
             if any(i is None for i in ins):

@@ -206,11 +206,16 @@ def symbolic_kernel(graphs, ns):
 
 def program_key(program) -> tuple:
     """A generated program by content: its code (comments aside, which name the trace's
-    types), driver, globals (arrays by bytes, other objects by identity) and the flags
-    its kernel is compiled and run with (BLAS threads, parallel...)."""
+    types), driver, globals (arrays by bytes, other objects by identity), its split
+    kernels' code and own globals (the constants they read, which the driver's comments
+    name only by their kernel's hash) and the flags its kernel is compiled and run with
+    (BLAS threads, parallel...)."""
     flags = tuple(bool(getattr(program, f, False)) for f in (
         "large_products", "parallel", "uses_blas", "shape_generic", "single_output", "may_exit"))
-    return (_code(program.source), program.driver, globals_key(program.globals), flags)
+    chunks = tuple((_code(c.source), globals_key(c.globals))
+                   for c in getattr(program, "chunks", None) or ())
+    return (_code(program.source), program.driver, globals_key(program.globals), chunks,
+            flags)
 
 
 def _code(source) -> str:

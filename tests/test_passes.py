@@ -260,15 +260,21 @@ def test_constfold_leaves_big_and_failing_ops_for_run_time():
 
 def test_constfold_keeps_a_uniform_result_as_its_one_value_broadcast():
     """(an array whose size follows a loop's length would stop generalizing: the
-    gradient seed of `out.sum() * c`, folded, is c broadcast)"""
-    ones = const(np.ones((2, 3), np.float32))
-    neg = op("neg", op("mul", ones, const(np.zeros((2, 3), np.float32))))  # all -0.0
+    gradient seed of `out.sum() * c`, folded, is c broadcast) Only what is folded from
+    one-element or broadcast constants: an array can be uniform by chance (arange(n) < 8
+    while n <= 8) and must stay what it is at other sizes."""
+    seed = op("expand", const(np.ones((1, 1), np.float32)), shape=(2, 3))
+    zeros = op("expand", const(0.0), shape=(2, 3))
+    two = op("mul", seed, const(2.0))
+    neg = op("neg", zeros)  # all -0.0
     mixed = op("neg", const(np.array([0.0, -0.0], np.float32)))
-    g, changed = ConstantFolding().run(graph([op("add", ones, ones), neg, mixed], []))
-    two, zero, kept = g.outputs
+    chance = op("lt", const(np.arange(3, dtype=np.float32)), const(8.0))
+    g, changed = ConstantFolding().run(graph([two, neg, mixed, chance], []))
+    two, zero, kept, chance = g.outputs
     assert two.op == "expand" and two.inputs[0].attrs["value"] == 2.0 and two.shape == (2, 3)
     assert zero.op == "expand" and np.signbit(zero.inputs[0].attrs["value"])
     assert kept.op == "const" and list(np.signbit(kept.attrs["value"])) == [True, False]
+    assert chance.op == "const" and chance.attrs["value"].all()
     g2, changed2 = ConstantFolding().run(g)
     assert not changed2  # (the broadcast form is final)
 
@@ -462,3 +468,20 @@ def test_simplify_keeps_a_transposed_product_that_has_other_users():
     g2 = AlgebraicSimplification().run(graph([broadcast], list(
         broadcast.inputs[0].inputs)))[0]
     assert g2.outputs[0].op == "permute"  # batch broadcasting: left as it is
+
+
+def test_simplify_lets_an_elementwise_op_broadcast_a_scalar_itself():
+    """x * expand(c) -> x * c (the broadcast's size leaves the graph); not where the
+    broadcast gives the shape, nor for an operand that is not 0-d."""
+    x = inp(4, 3)
+    c = const(2.0)
+    by = op("mul", x, op("expand", c, shape=(4, 3)))
+    grows = op("add", op("expand", c, shape=(4, 3)), const(np.ones(3, np.float32)))
+    other = op("mul", x, op("expand", const(np.full(1, 2.0, np.float32)), shape=(4, 3)))
+    g, changed = AlgebraicSimplification().run(graph([by, grows, other], [x]))
+    one, two, three = g.outputs
+    assert changed and one.op == "mul" and one.inputs[1] is c
+    assert two.inputs[0].op == "expand"  # (the operands alone would give (3,))
+    assert three.inputs[1].op == "expand"
+    arrays = [np.arange(12, dtype=np.float32).reshape(4, 3)]
+    np.testing.assert_array_equal(interpret.run(g, *arrays)[0], arrays[0] * 2)

@@ -50,6 +50,7 @@ import numpy as np
 from ..errors import LoweringError
 from ..loop import is_loop, traced_trip
 from ..passes.cse import attr_key
+from ..registry import REGISTRY, Trait
 from .llvm_arena import rounded
 from .llvm_program import LLProgram
 
@@ -143,8 +144,10 @@ def _literals(column, ty):
 
 
 def _whole(values):
-    """Whole numbers below 2**24 (exact in float32) as ints, else None."""
-    if all(v is not None and v.is_integer() and abs(v) < 2 ** 24 for v in values):
+    """Whole numbers below 2**24 (exact in float32) as ints, else None (also for -0.0,
+    which sitofp would not give back)."""
+    if all(v is not None and v.is_integer() and abs(v) < 2 ** 24 and
+           not (v == 0 and struct.pack(">d", v)[0] & 0x80) for v in values):
         return [int(v) for v in values]
     return None
 
@@ -367,13 +370,19 @@ class Bounds:
         """Add the bounds of one graph traced at each length of `ns` (the same nodes)."""
         if len({len(g.nodes) for g in graphs}) != 1:
             raise SymbolicError("the graphs differ between lengths")
+        made = []
+
+        def users():  # (each graph's users, made when a constant differs)
+            if not made:
+                made.extend(g.users() for g in graphs)
+            return made
         for nodes in zip(*(g.nodes for g in graphs)):
             if len({n.op for n in nodes}) != 1:
                 raise SymbolicError("the graphs differ between lengths")
             shape = _fit_shape([tuple(n.shape) for n in nodes], ns, nodes[0].op)
             for size in shape:
                 self.at_least(size, 1)
-            _same_attrs(nodes, ns)
+            _same_attrs(nodes, ns, users)
             if nodes[0].op == "slice":
                 self._slice(nodes, ns)
             elif is_loop(nodes[0]):
@@ -409,7 +418,7 @@ class Bounds:
             self.at_least(_minus(_minus(trip, 1), at), 0)
 
 
-def _same_attrs(nodes, ns):
+def _same_attrs(nodes, ns, users=None):
     """Attributes are the same at every length, but for what follows from a size: a
     slice's bounds (Bounds._slice) and the one size of a reshape or expand that follows
     the length (a reshape's -1). Anything else that differs, a constant the Python code
@@ -421,7 +430,8 @@ def _same_attrs(nodes, ns):
     for name, first in keys[0].items():
         values = [k.get(name) for k in keys]
         if all(v == first for v in values) or op == "slice" and name == "index" or \
-                op == "const" and name == "value" and _count(nodes, ns) is not None:
+                op == "const" and name == "value" and users is not None and \
+                _count(nodes, ns, users()) is not None:
             continue
         shapes = [tuple(n.attrs[name]) for n in nodes] if op in ("reshape", "expand") else ()
         if name == "shape" and len({len(v) for v in shapes}) == 1 and \
@@ -433,17 +443,67 @@ def _same_attrs(nodes, ns):
         raise SymbolicError(f"{op}: its attributes differ between lengths")
 
 
-def _count(nodes, ns):
-    """The Affine a 0-d float constant follows at every length (a mean's count, n * 8 of
-    a float32[n, 2, 4]: lowered as the integer converted, see `_line`), else None."""
+def _count(nodes, ns, users):
+    """The Affine a 0-d float constant follows at every length when it is a count of its
+    graph, else None: a whole number c beside a sum whose reduced dims hold c (+ 1: var's
+    correction) elements at every length (a mean's count), or whose quotient is broadcast
+    into c (+ 1) elements, or exactly 1 / c where the value it multiplies holds c (+ 1)
+    elements (the mean's gradient, folded).
+    Lowered as the integer converted, or 1 / it (see `_line`). A float Python computed
+    from the length otherwise (`min(n, 8)`, `n % 7` where it happens to look affine) has
+    no such witness, and keeps a kernel per length."""
     values = [n.attrs["value"] for n in nodes]
     if nodes[0].shape or nodes[0].dtype.kind != "f" or \
             not all(isinstance(v, (int, float)) for v in values):
         return None
     ty = "float" if nodes[0].dtype.itemsize == 4 else "double"
-    counts = _whole([float(v) for v in values]) or _reciprocals([float(v) for v in values], ty)
+    floats = [float(v) for v in values]
+    whole = _whole(floats)
+    counts = whole or _reciprocals(floats, ty)
     f = counts and fit(counts, ns)
-    return f if isinstance(f, Affine) else None
+    if not isinstance(f, Affine):
+        return None
+    seen = [_witnessed(n, u, c, whole is None) for n, u, c in zip(nodes, users, counts)]
+    return f if set.intersection(*seen) else None
+
+
+def _witnessed(const, users, c, inverse) -> set:
+    """The k in {0, 1} with c + k the element count next to `const` (see `_count`): the
+    dims a sum beside it reduces, what it (1 / c) multiplies, or what the value it makes
+    is broadcast into (a backward's g / c, expanded over the mean's input)."""
+    found = set()
+    for user in users.get(id(const), ()):
+        sizes = [_size([r.inputs[0].shape[d] for d in r.attrs["dims"]])
+                 for r in user.inputs if _is_sum(r)]
+        sizes += [_size(b.shape) for b in _moved(user, users)
+                  if REGISTRY[b.op].has(Trait.BROADCAST)]
+        if inverse:
+            sizes.append(_size(user.shape))
+        found.update(size - c for size in sizes if size - c in (0, 1))
+    return found
+
+
+def _moved(node, users, hops=3) -> list:
+    """The movements (reshape, expand...) that read `node`, and those reading them."""
+    out, frontier = [], [node]
+    for _ in range(hops):
+        frontier = [u for n in frontier for u in users.get(id(n), ())
+                    if REGISTRY[u.op].has(Trait.MOVEMENT)]
+        out += frontier
+    return out
+
+
+def _is_sum(node) -> bool:
+    opdef = REGISTRY[node.op]
+    return opdef.has(Trait.REDUCTION) and opdef.combine == "add" and \
+        node.attrs.get("dims") is not None
+
+
+def _size(shape) -> int:
+    total = 1
+    for s in shape:
+        total *= int(s)
+    return total
 
 
 def _need(values, ns):

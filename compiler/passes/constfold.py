@@ -64,7 +64,7 @@ def fold(node: Node) -> Node | None:
         return None
     if tuple(result.shape) != tuple(node.shape) or result.dtype != node.dtype:
         return None  # impl and shape rule disagree: not ours to paper over
-    if result.size > 1 and _uniform(result):
+    if result.size > 1 and _uniform(result) and all(_uniform_input(i) for i in node.inputs):
         return _broadcast(result, node.requires_grad)
     return make_const(result, node.requires_grad)
 
@@ -76,6 +76,13 @@ def _uniform(array) -> bool:
     flat = np.ascontiguousarray(array).reshape(-1)
     bits = flat.view(np.uint8).reshape(flat.size, flat.itemsize)
     return bool((bits == bits[0]).all())
+
+
+def _uniform_input(node: Node) -> bool:
+    """A one-element constant or one broadcast: a uniform result of such inputs is uniform
+    at every size. (An array may be uniform by chance: arange(n) < 8 while n <= 8, so
+    what is folded from arrays stays an array.)"""
+    return math.prod(node.shape) == 1 or _broadcast_scalar(node)
 
 
 def _broadcast(array, requires_grad) -> Node:

@@ -113,7 +113,30 @@ def transposed_product(node: Node, users) -> Node | None:
                 dict(prod.attrs), tuple(node.shape), node.dtype, node.requires_grad)
 
 
-RULES = (identity_element, involution, chain, noop, empty_reduction)
+def scalar_operand(node: Node) -> Node | None:
+    """x * expand(c) -> x * c, for c 0-d and any elementwise op whose other operands give
+    the shape: the op broadcasts c itself, and no size is written into the graph (a
+    gradient seed broadcast over a sequence: code for every length)."""
+    opdef = REGISTRY[node.op]
+    if not opdef.has(Trait.ELEMENTWISE) or len(node.inputs) < 2:
+        return None
+    ins = [i.inputs[0] if REGISTRY[i.op].has(Trait.BROADCAST) and i.shape and
+           len(i.inputs) == 1 and not i.inputs[0].shape and i.inputs[0].dtype == i.dtype
+           else i for i in node.inputs]
+    if all(a is b for a, b in zip(ins, node.inputs)):
+        return None
+    try:
+        shape, dtype = opdef.check([i.shape for i in ins], [i.dtype for i in ins],
+                                   node.attrs)
+    except Exception:  # noqa: BLE001 - the rule just does not apply
+        return None
+    if tuple(shape) != tuple(node.shape) or np.dtype(dtype) != node.dtype:
+        return None
+    return Node(node.op, tuple(ins), dict(node.attrs), tuple(node.shape), node.dtype,
+                node.requires_grad)
+
+
+RULES = (identity_element, involution, chain, noop, empty_reduction, scalar_operand)
 
 
 def rewrite(node: Node, users=None) -> Node | None:
