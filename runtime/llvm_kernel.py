@@ -195,7 +195,10 @@ class LLVMKernel:
         self._outputs = [(tuple(s), d) for s, d in p.outputs]
         self._consts = [c.__array_interface__["data"][0] for c in p.consts]
         self._fns_address = self._fns.__array_interface__["data"][0]
-        self._large = bool(p.large_products)  # (refresh() after changing it)
+        # (refresh() after changing it; a kernel that switches BLAS's threads around each
+        # large product itself runs on one thread, compiler.lowering.llvm_nodes)
+        switches = blas.SET_THREADS in p.fns and bool(self._fns[p.fns.index(blas.SET_THREADS)])
+        self._large = bool(p.large_products) and not switches
         self._rows = int(getattr(p, "split_rows", 0))
         self._same = list(p.same_as) or list(range(len(p.outputs)))
         self._status = int(getattr(p, "status", -1))

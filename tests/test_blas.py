@@ -252,3 +252,36 @@ def test_scipy_blas_loads_with_a_short_spin_unless_the_environment_says(given, e
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", expected]
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_an_llvm_kernel_threads_only_its_large_products():
+    """A kernel with one large product (an RNN's input projection, hoisted out of its
+    loop) and a small one per step: it runs on one thread and switches BLAS to its
+    threads around the large product only (each small product threaded could wait for
+    a busy neighbour's core: a language model's step 2x slower). The setter is spied on
+    through the kernel's function table."""
+    import ctypes
+
+    def f(xs, w, u):
+        h = hn.zeros(32, 128)
+        for t in range(xs.shape[0]):
+            h = (xs[t] @ w + h @ u).tanh()
+        return h
+    xs, w, u = hn.randn(16, 32, 1024), hn.randn(1024, 128) * 0.03, hn.randn(128, 128) * 0.1
+    traced = hn.trace(f, backend="llvm")
+    with hn.no_grad():
+        traced(xs, w, u)
+        want = traced(xs, w, u).numpy()
+        kernel = next(iter(traced.specializations.values())).traces[0].result.kernel.kernel()
+        assert blas.SET_THREADS in kernel.program.fns and not kernel._large
+        slot = kernel.program.fns.index(blas.SET_THREADS)
+        assert kernel._fns[slot] != 0  # (SciPy's openblas_set_num_threads)
+        calls = []
+        spy = ctypes.CFUNCTYPE(None, ctypes.c_int)(calls.append)
+        kernel._fns[slot] = ctypes.cast(spy, ctypes.c_void_p).value
+        got = traced(xs, w, u).numpy()
+    assert calls == [2, 1]  # (the 16 steps' products: none)
+    assert _kernel_threads() == {1}
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(got, f(xs, w, u).numpy(), rtol=1e-4, atol=1e-5)

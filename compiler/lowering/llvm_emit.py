@@ -335,6 +335,13 @@ class _Kernel:
         self.end_part()
         self.kernel_b.ret_void()
 
+    def fn_slot(self, name):
+        """The word `name` holds in `fns` (compiler.blas.scipy_pointers), as an i8*."""
+        if name not in self.fn_names:
+            self.fn_names.append(name)
+        k = self.fn_names.index(name)
+        return self.b.load(self.b.gep(self.fn.args[1], [I64(k)]))
+
     def gemm_fn(self, dtype):
         """The BLAS ?gemm pointer (from `fns`), as a typed function pointer."""
         name = GEMM[np.dtype(dtype)]

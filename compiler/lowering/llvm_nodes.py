@@ -7,6 +7,7 @@ import math
 
 from llvmlite import ir
 
+from .. import blas
 from ..errors import LoweringError
 from ..ir import pad_shape as _pad
 from . import llvm_scalar as S
@@ -110,10 +111,39 @@ def _gemm(em, dtype, m, n, k, a, a_t, b, b_t, c, offs=None):
 
     offs = offs or (I64(a.offset), I64(b.offset), I64(c.offset))
     pa, pb, pc = (bld.gep(em.pointer(buf), [o]) for buf, o in zip((a, b, c), offs))
+    wide = _threads_on(em, m, n, k)
     bld.call(em.gemm_fn(dtype), [
         char("T" if b_t else "N"), char("T" if a_t else "N"), slot(n), slot(m), slot(k),
         slot(ir.Constant(ty, 1.0), ty), pb, slot(k if b_t else n), pa, slot(m if a_t else k),
         slot(ir.Constant(ty, 0.0), ty), pc, slot(n)])
+    _threads_off(em, wide)
+
+
+_SET_THREADS = ir.FunctionType(ir.VoidType(), [I32])
+
+
+def _threads_on(em, m, n, k):
+    """Before a product: BLAS's threads when it is large (m * n * k multiply-adds of at
+    least compiler.blas.LARGE_MACS, decided at run time: a symbolic length's kernel is
+    one text), as eager threads only large products. Its small products stay on one
+    thread, which a busy neighbour cannot stall. `fns` holds the setter (null: no
+    switching) and the count (compiler.blas.scipy_pointers). Returns (setter, large)."""
+    bld = em.b
+    setter = em.fn_slot(blas.SET_THREADS)
+    count = bld.ptrtoint(em.fn_slot(blas.THREADS), I64)
+    macs = bld.mul(bld.mul(I64(m), I64(n)), I64(k))
+    large = bld.and_(bld.icmp_signed(">=", macs, I64(blas.LARGE_MACS)),
+                     bld.icmp_unsigned("!=", bld.ptrtoint(setter, I64), I64(0)))
+    fn = bld.bitcast(setter, _SET_THREADS.as_pointer())
+    with bld.if_then(large):
+        bld.call(fn, [bld.trunc(count, I32)])
+    return fn, large
+
+
+def _threads_off(em, wide):
+    fn, large = wide
+    with em.b.if_then(large):
+        em.b.call(fn, [I32(1)])
 
 
 def _matmul(em, node):
