@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import blas
 from ..errors import LoweringError
 from ..ir import pad_shape as _pad
 from ..loop import is_loop
@@ -14,6 +15,8 @@ from ..registry import lowering_refusal
 from .llvm_arena import ALIGN
 
 ENTRY = "hn_entry"
+# What a kernel's function table may hold (compiler.blas.scipy_pointers)
+_FNS = {"sgemm", "dgemm", blas.SET_THREADS, blas.THREADS}
 CALL = "hn_call"  # (compiler.lowering.llvm_call)
 # The ops the llvm backend lowers (the keys of llvm_scalar.RULES and llvm_nodes.NODE_RULES,
 # and the reductions; a test keeps them equal), and the dtypes it has types for.
@@ -150,7 +153,7 @@ class LLProgram:
         if (p.inputs, p.outputs) != want or any(t < 0 for t in p.temps) or p.same_as != same or \
                 not _arena_ok(p) or \
                 not -1 <= p.status < len(p.temps) or \
-                p.entry != ENTRY or not set(p.fns) <= {"sgemm", "dgemm"}:
+                p.entry != ENTRY or not set(p.fns) <= _FNS:
             raise ValueError("the record does not match the graph")
         p.finish()
         return p
