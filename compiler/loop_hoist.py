@@ -188,9 +188,10 @@ class _Edit:
             if w is None:
                 continue
             a = product.inputs[0]
-            if out is not product:  # (rows regrouped: a's rows regrouped alike)
-                a = _reshape(a, tuple(out.shape[:-1]) + (a.shape[-1],))
-                self.body.nodes.insert(self.body.nodes.index(out), a)
+            regrouped = _reshape(a, tuple(out.shape[:-1]) + (a.shape[-1],))
+            if regrouped is not a:  # (rows regrouped: a's rows regrouped alike)
+                self.body.nodes.insert(self.body.nodes.index(out), regrouped)
+                a = regrouped
             self.collects[pos] = (a, collect)
             self.sunk[pos] = ("product", w)
             self._users()

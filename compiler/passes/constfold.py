@@ -95,7 +95,9 @@ def _broadcast(array, requires_grad) -> Node:
 
 
 class ConstantFolding:
-    """Replace each non-source PURE op whose inputs are all 'const' by a 'const'.
+    """Replace each non-source PURE op whose inputs are all 'const' (or a 'const' scalar
+    broadcast) by a 'const'; a uniform result of one-element or broadcast constants by
+    its one value broadcast (`expand` of a 0-d 'const').
 
     Results with more than `MAX_FOLD_ELEMENTS` elements are not folded. Inputs that
     become unused are left for dead code elimination.
