@@ -244,18 +244,12 @@ def scipy_pointers(names) -> list:
     configure()
     setter = _setter()
     special = {SET_THREADS: setter, THREADS: _wide[0] if setter else 1}
-    names = list(names)
-    if any(n in special for n in names):
-        rest = scipy_pointers([n for n in names if n not in special])
-        it = iter(rest)
-        return [special[n] if n in special else next(it) for n in names]
     get_name = ctypes.pythonapi.PyCapsule_GetName
     get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
     get_ptr = ctypes.pythonapi.PyCapsule_GetPointer
     get_ptr.restype, get_ptr.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    out = [get_ptr(capi[name], get_name(capi[name])) for name in names]
-    configure()
-    return out
+    return [special[name] if name in special else get_ptr(capi[name], get_name(capi[name]))
+            for name in names]
 
 
 def _setter() -> int:

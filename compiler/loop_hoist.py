@@ -21,6 +21,8 @@ rewrites are exact up to the order of float additions inside BLAS). Only top-lev
 are rewritten; their bodies are copied (a spec may be shared with another graph).
 """
 
+import math
+
 from .ir import Graph, Node
 from .loop import Collect, LoopSpec, is_loop
 from .passes.dce import DeadCodeElimination
@@ -141,7 +143,7 @@ class _Edit:
                 continue
             seq_in, seq, base = found
             k, n = w.shape
-            flat = _reshape(base, (_size(base.shape) // k, k))
+            flat = _reshape(base, (math.prod(base.shape) // k, k))
             product = _matmul(flat, w)
             whole = _reshape(product, tuple(base.shape[:-1]) + (n,))
             self.before.extend(_fresh([flat, product, whole], [base] + self.before))
@@ -287,7 +289,7 @@ class _Edit:
         return {id(n): value[n.attrs["index"]] for n in self.projections}
 
     def _sunk_product(self, col, w):
-        rows = _reshape(col, (_size(col.shape) // w.shape[0], w.shape[0]))
+        rows = _reshape(col, (math.prod(col.shape) // w.shape[0], w.shape[0]))
         if rows is not col:
             self.after.append(rows)
         product = self._add_after(_matmul(rows, w))
@@ -309,13 +311,6 @@ def _fresh(nodes, existing) -> list:
             seen.add(id(n))
             out.append(n)
     return out
-
-
-def _size(shape) -> int:
-    total = 1
-    for s in shape:
-        total *= s
-    return total
 
 
 def _splice(g, loop, new_nodes, replace):

@@ -11,8 +11,9 @@ kernel serves every n when:
    except what follows from a size: a slice bound fixed from its dim's start or end with
    step 1 (`x[1:]`, `x[-3:]`), the one size of a reshape or expand that follows the
    length (a reshape's -1), a loop's trip count, and a 0-d float constant that is a count
-   (`_count`: a whole number affine in the length, as a mean divides by, or exactly its
-   reciprocal, as the mean's gradient multiplies by). Every node's shape is then one
+   the graph witnesses (`_count`: a whole number affine in the length that a sum beside it
+   reduces, as a mean divides by, or exactly its reciprocal, as the mean's gradient
+   multiplies by). Every node's shape is then one
    affine function `a*n + b` of the length through all three points (at most one dim of
    a node follows it). Traces whose views Python
    bounded from sizes that differ between them (a clamped slice, `x[:20]` of 10 and 11
@@ -41,6 +42,7 @@ runtime (runtime.llvm_kernel.SymKernel) evaluates them for each call's n, which 
 from the input `sym` names, and checks every input against them.
 """
 
+import math
 import re
 import struct
 from dataclasses import dataclass
@@ -473,12 +475,12 @@ def _witnessed(const, users, c, inverse) -> set:
     is broadcast into (a backward's g / c, expanded over the mean's input)."""
     found = set()
     for user in users.get(id(const), ()):
-        sizes = [_size([r.inputs[0].shape[d] for d in r.attrs["dims"]])
+        sizes = [math.prod([r.inputs[0].shape[d] for d in r.attrs["dims"]])
                  for r in user.inputs if _is_sum(r)]
-        sizes += [_size(b.shape) for b in _moved(user, users)
+        sizes += [math.prod(b.shape) for b in _moved(user, users)
                   if REGISTRY[b.op].has(Trait.BROADCAST)]
         if inverse:
-            sizes.append(_size(user.shape))
+            sizes.append(math.prod(user.shape))
         found.update(size - c for size in sizes if size - c in (0, 1))
     return found
 
@@ -497,13 +499,6 @@ def _is_sum(node) -> bool:
     opdef = REGISTRY[node.op]
     return opdef.has(Trait.REDUCTION) and opdef.combine == "add" and \
         node.attrs.get("dims") is not None
-
-
-def _size(shape) -> int:
-    total = 1
-    for s in shape:
-        total *= int(s)
-    return total
 
 
 def _need(values, ns):
