@@ -11,6 +11,7 @@
 from compiler import blas as _blas
 from compiler.errors import DTypeError, OpError, ShapeError
 from compiler.ir import Graph
+from runtime import heap as _heap
 
 from . import _methods  # noqa: F401  (binds Tensor methods)
 from .autograd import (
@@ -163,6 +164,7 @@ from .export_load import ExportError, LoadedFunction, export, load  # noqa: E402
 from .jit import BenchmarkResult, ExplainReport, TracedFunction, benchmark, explain, trace
 
 _blas.configure()  # BLAS threads only for large matrix products (see compiler/blas.py)
+_heap.tune()  # malloc keeps freed memory instead of page-faulting it back (runtime/heap.py)
 
 __version__ = "0.1.0"
 
