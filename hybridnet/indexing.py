@@ -13,7 +13,7 @@ from compiler.errors import ShapeError
 from ._state import STATE, TraceHooks, note_clamp, note_untraceable
 from .dispatch import apply
 from .shape import _view, permute
-from .tensor import Tensor, literal, version_counter, wrap
+from .tensor import Tensor, literal, make, share_version, version_counter, wrap
 
 
 def _as_index_array(x):
@@ -66,6 +66,11 @@ def _clamped(item, size) -> bool:
 
 def _parse(t, index):
     """Split index into a slice spec, the final basic shape and advanced indices."""
+    if type(index) is int and t.ndim:  # (x[t] in a loop: the common case, kept short)
+        size = t.shape[0]
+        if -size <= index < size:
+            i = index % size
+            return ((i, i + 1, 1),) + tuple((0, s, 1) for s in t.shape[1:]), t.shape[1:], []
     items = _expand_ellipsis(t, index)
     spec, shape, adv, dim = [], [], [], 0
     for item in items:
@@ -141,6 +146,10 @@ def _linear_index(adv, shape):
 
 def getitem(t, index) -> Tensor:
     """t[index] with PyTorch semantics."""
+    if type(index) is int and not STATE.recorders and STATE.tracer is None and t.ndim and \
+            not (t._rg and STATE.grad) and -t.shape[0] <= index < t.shape[0]:
+        # (nothing records it: NumPy's view, as the slice and reshape below would give)
+        return share_version(make(t._data[index, ...]), t)
     spec, shape, adv = _parse(t, index)
     full = tuple((0, s, 1) for s in t.shape)
     out = t if spec == full else _view("slice", t, {"index": spec})

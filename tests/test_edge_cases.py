@@ -404,3 +404,28 @@ def test_every_eager_result_satisfies_its_recorded_rule(op, da, db, zero_d):
         return
     assert out._data.dtype in SUPPORTED
     graph.verify()
+
+
+@pytest.mark.parametrize("i", [0, 2, -1, -4])
+def test_an_integer_index_is_the_same_view_recorded_or_not(i):
+    """x[i] takes a short path when nothing records it; it must equal the recorded one:
+    a view sharing x's version counter, a 0-d array for a 1-d x, and the same error."""
+    base = np.arange(24, dtype=np.float32).reshape(4, 3, 2)
+    for record in (False, True):
+        x = hn.tensor(base.copy())
+        if record:
+            with hn.record():
+                y = x[i]
+        else:
+            y = x[i]
+        np.testing.assert_array_equal(y.numpy(), base[i])
+        y.add_(1.0)
+        assert x._version == y._version == 1
+        np.testing.assert_array_equal(x.numpy()[i], base[i] + 1)
+        v = hn.tensor(base[:, 0, 0].copy())[i]
+        assert v.shape == () and type(v.numpy()) is np.ndarray
+    with pytest.raises(IndexError, match="out of bounds for dim 0 with size 4"):
+        hn.tensor(base)[4]
+    w = hn.tensor(base, requires_grad=True)
+    w[i].sum().backward()  # (requires grad: recorded, the gradient lands in row i)
+    assert w.grad.numpy()[i].sum() == 6 and w.grad.numpy().sum() == 6

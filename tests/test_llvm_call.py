@@ -47,6 +47,23 @@ def test_this_python_has_the_fast_layout_and_kernels_use_it():
     assert "hn_call" in k.source
 
 
+def test_the_call_checks_are_left_unoptimized_and_the_kernel_is_not():
+    """hn_call (per-input checks) is optnone, so LLVM spends its time on the kernel."""
+    x, b, want = _relu_bias()
+    _, k = _kernel(lambda x, b: (x + b).relu(), hn.tensor(x), hn.tensor(b))
+    emitted = [ln for ln in k.source.splitlines() if ln.startswith("define")]
+    call = [ln for ln in emitted if '"hn_call"' in ln]
+    assert len(call) == 1 and "optnone" in call[0] and "noinline" in call[0]
+    assert sum("optnone" in ln for ln in emitted) == 1
+    # (in the optimized IR: hn_call's attribute group, and only its, says optnone)
+    ir_lines = k.llvm_ir.splitlines()
+    groups = {ln.split()[1]: ln for ln in ir_lines if ln.startswith("attributes #")}
+    defs = {ln.split("@")[1].split("(")[0]: ln.split()[-2] for ln in ir_lines
+            if ln.startswith("define")}
+    assert [name.endswith("_c") for name, g in defs.items() if "optnone" in groups[g]] == [True]
+    np.testing.assert_array_equal(k(x, b), want)
+
+
 @pytest.mark.parametrize("how", ["strided", "fortran", "unaligned", "readonly", "subclass"])
 def test_inputs_the_fast_path_refuses_still_give_the_right_answer(how):
     x, b, want = _relu_bias()

@@ -103,35 +103,40 @@ class CallRecord:
         self.n_graph_out = len(tg.graph.outputs)
         self.seed_shapes = [(tuple(tg.graph.outputs[k].shape), tg.graph.outputs[k].dtype)
                             for k in tg.grad_results]
+        self._views = [tg.outputs[k][0] == "view" for k in tg.grad_results]
 
     def attach(self, leaves, input_tensors, arrays, outs):
         """Give the differentiable results (in `leaves`, replaced) their autograd nodes.
         `input_tensors`: per graph input, the tensor it came from; `arrays`: the kernel's
         input arrays; `outs`: its outputs, the saved values after the graph's own."""
-        wrt = [input_tensors[i] for i in self.tg.grad_inputs]
-        call = CallNode("compiled_call", tuple(node_of(t) for t in wrt), {}, (), None, True)
-        call.value = tuple(outs[self.n_graph_out:])
+        tg = self.tg
+        call = CallNode("compiled_call", tuple([node_of(input_tensors[i])
+                                                for i in tg.grad_inputs]),
+                        {}, (), None, True)
+        saved = call.value = tuple(outs[self.n_graph_out:])
         call.ref, call.call, call.done, call.walked = None, self, set(), set()
-        call.replay = (arrays, tuple(_versions(input_tensors)))
+        call.replay = (arrays, _versions(input_tensors))
         # (this call's result shapes: with symbolic lengths, not always the trace's)
-        call.seed_shapes = [(leaves[k]._data.shape, dtype)
-                            for k, (_, dtype) in zip(self.tg.grad_results, self.seed_shapes)]
-        for slot, k in enumerate(self.tg.grad_results):
+        call.seed_shapes = shapes = []
+        views = self._views
+        for slot, k in enumerate(tg.grad_results):
             t = leaves[k]
-            node = CallOutput("compiled_call_output", (call,), {}, t._data.shape,
-                              t._data.dtype, True)
-            node.value, node.ref, node.index = t._data, None, slot
-            node.view = self.tg.outputs[k][0] == "view"
-            out = leaves[k] = make(t._data, True, node)
+            data = t._data
+            shapes.append((data.shape, self.seed_shapes[slot][1]))
+            node = CallOutput("compiled_call_output", (call,), {}, data.shape, data.dtype,
+                              True)
+            node.value, node.ref, node.index, node.view, node.saved = \
+                data, None, slot, views[slot], ()
+            out = leaves[k] = make(data, True, node)
             out._vc = t._vc  # (a view of an input shares its version counter)
-            node.saved = ()
         # Checked whenever any output's backward runs (modified in place before it, it
         # raises as eager does): the inputs eager's vjps read, and every result whose
         # buffer the backward reads (exp's output, a value computed under no_grad)
-        shared = [t for t in leaves if isinstance(t, Tensor) and any(
-            np.may_share_memory(t._data, a) for a in call.value)]
-        call.saved = tuple(_versions([input_tensors[i] for i in self.bwd.saved_inputs] +
-                                     shared))
+        checked = [input_tensors[i] for i in self.bwd.saved_inputs]
+        for t in leaves:
+            if isinstance(t, Tensor) and _shares(t._data, saved):
+                checked.append(t)
+        call.saved = _versions(checked)
         return leaves
 
     def backward(self, node, slots, value_of):
@@ -212,9 +217,19 @@ def _eager_node(n, values):
     return apply(n.op, [values[id(i)] for i in n.inputs], dict(n.attrs))
 
 
-def _versions(tensors):
+def _versions(tensors) -> tuple:
+    """(version counter, its version now) of each tensor (None: an optimizer setting, a
+    number rather than a tensor, is skipped)."""
+    out = []
     for t in tensors:
-        if t is None:  # (an optimizer setting: a number, not a tensor)
-            continue
-        vc = version_counter(t)
-        yield (vc, vc[0])
+        if t is not None:
+            vc = version_counter(t)
+            out.append((vc, vc[0]))
+    return tuple(out)
+
+
+def _shares(data, arrays) -> bool:
+    for a in arrays:
+        if np.may_share_memory(data, a):
+            return True
+    return False
