@@ -140,10 +140,23 @@ def vector_width() -> int:
     return 512 if " avx512f " in f" {host_cpu()} ".replace("\n", " ") else 0
 
 
+def strength_reduction() -> bool:
+    """Does machine code generation run LLVM's loop strength reduction? Not by default:
+    it took 0.24 of 1.72 s of a 2-layer LSTM training step's LLVM time, and the step's
+    kernel ran as fast without it (45.4 against 44.7 ms, alternating in one process),
+    as did an RNN's (0.403 against 0.400 ms), bit for bit. HYBRIDNET_LLVM_LSR=1 runs it."""
+    return os.environ.get("HYBRIDNET_LLVM_LSR", "").strip() == "1"
+
+
+def _codegen() -> str:
+    """The settings that change machine code, for the cache keys."""
+    return f"width={vector_width()} lsr={strength_reduction()} linker={bool(_linker())}"
+
+
 def graph_key(graph) -> str:
     """The disk-cache key of the kernel for an optimized graph."""
     return key_of(graph.structural_hash(exact_shapes=True), code_version(), host_cpu(),
-                  f"width={vector_width()}", f"linker={bool(_linker())}")
+                  _codegen())
 
 
 def _linker():
@@ -221,6 +234,19 @@ def _optimize(mod, tm):
     pb.getModulePassManager().run(mod, pb)
 
 
+def _emit_object(llvm, tm, mod) -> bytes:
+    """Machine code for `mod`, without loop strength reduction unless asked for
+    (strength_reduction()). The option is LLVM's, process-wide (Numba shares it), so it
+    is set for this call only and put back."""
+    if strength_reduction():
+        return tm.emit_object(mod)
+    llvm.set_option("", "-disable-lsr=true")
+    try:
+        return tm.emit_object(mod)
+    finally:
+        llvm.set_option("", "-disable-lsr=false")
+
+
 def _link(obj, folder) -> bytes:
     """A shared library made of one object file (None when linking fails)."""
     src, lib = os.path.join(folder, "k.o"), os.path.join(folder, "k.so")
@@ -239,8 +265,7 @@ def compile_symbolic(program) -> LLVMKernel:
     else compiled now and stored. The key is the program's IR and record, so lowering
     comes first; only LLVM is saved."""
     meta = json.dumps(program.to_meta(), sort_keys=True)
-    key = key_of("symbolic", meta, code_version(), host_cpu(), f"width={vector_width()}",
-                 f"linker={bool(_linker())}")
+    key = key_of("symbolic", meta, code_version(), host_cpu(), _codegen())
 
     def same_program(record_meta):
         if json.dumps(record_meta, sort_keys=True) != meta:
@@ -273,7 +298,7 @@ def _compile(program, key) -> LLVMKernel:
     _optimize(mod, tm)
     t2 = time.perf_counter()
     optimized = str(mod)
-    obj = tm.emit_object(mod)
+    obj = _emit_object(llvm, tm, mod)
     t3 = time.perf_counter()
     phases = {"llvm_parse": t1 - t0, "llvm_optimize": t2 - t1, "machine_code": t3 - t2}
     kernel = _as_library(program, key, obj, symbol, phases, optimized) if _linker() else None

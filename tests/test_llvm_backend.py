@@ -69,7 +69,8 @@ def test_lowering_is_pure_python_text():
         x = hn.randn(3, 4)
         y = (x - x.amax(-1, keepdim=True)).exp()
         out = y / y.sum(-1, keepdim=True)
-    graph = hn.graph_of(out)
+        graph = hn.graph_of(out)
+    assert any(n.op == "exp" for n in graph.nodes)
     program = lower_llvm(graph)
     assert program.source.startswith("; ModuleID")
     assert program.outputs == [((3, 4), np.dtype(np.float32))]
@@ -678,3 +679,54 @@ def test_an_integer_power_of_an_exponent_tensor_runs_eagerly_and_raises_as_eager
     for _ in range(3):
         np.testing.assert_array_equal(square(a).numpy(), [4, 9])
     assert square.stats.compiled_calls >= 1
+
+
+class _Recorder:
+    """Stands in for llvmlite.binding and a target machine: records what they are asked."""
+
+    def __init__(self, fail=False):
+        self.calls, self.fail = [], fail
+
+    def set_option(self, name, option):
+        self.calls.append(option)
+
+    def emit_object(self, mod):
+        self.calls.append("emit")
+        if self.fail:
+            raise RuntimeError("codegen failed")
+        return b"object"
+
+
+def test_strength_reduction_is_off_for_our_kernels_only(monkeypatch):
+    """LLVM's options are process-wide (Numba shares them): the option is set around our
+    own machine-code step and put back, also when that step raises."""
+    monkeypatch.delenv("HYBRIDNET_LLVM_LSR", raising=False)
+    rec = _Recorder()
+    assert llvm_engine._emit_object(rec, rec, None) == b"object"
+    assert rec.calls == ["-disable-lsr=true", "emit", "-disable-lsr=false"]
+    rec = _Recorder(fail=True)
+    with pytest.raises(RuntimeError, match="codegen failed"):
+        llvm_engine._emit_object(rec, rec, None)
+    assert rec.calls[-1] == "-disable-lsr=false"
+    monkeypatch.setenv("HYBRIDNET_LLVM_LSR", "1")
+    rec = _Recorder()
+    llvm_engine._emit_object(rec, rec, None)
+    assert rec.calls == ["emit"]
+
+
+def test_kernels_with_and_without_strength_reduction_agree_and_cache_apart(monkeypatch):
+    x = hn.randn(64, 48)
+    with hn.record():
+        out = hn.gelu((x * 1.5).permute(1, 0)) + x.sum(0).reshape(48, 1)
+        graph = hn.graph_of(out)  # (inside the block: after it, out is a leaf)
+    program = lower_llvm(graph)
+    assert sum(n.op == "matmul" or n.op == "sum" for n in graph.nodes) == 1
+    assert len(program.inputs) == 1
+    results, keys = [], set()
+    for lsr in ("1", "0"):
+        monkeypatch.setenv("HYBRIDNET_LLVM_LSR", lsr)
+        keys.add(llvm_engine._codegen())
+        results.append(llvm_engine.compile_llvm(program, None)(x.numpy()))
+    assert len(keys) == 2  # (the disk cache keeps the two apart)
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_allclose(results[0], out.numpy(), rtol=1e-6, atol=1e-6)
