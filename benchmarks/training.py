@@ -347,7 +347,8 @@ def bench_lm(quick):
     bptt chunks ends), then 35 again. The traced step's first three calls hold its
     compile: the first runs eagerly (the optimizer creates its state), the second is
     traced, the third compiles (LLVM) and runs."""
-    lengths = [35] * (6 if quick else 10) + [17, 35, 35]
+    lengths = [35] * (14 if quick else 24) + [17, 35, 35]  # (the kernel compares its
+    # BLAS thread modes over its 6 calls after the first: runtime/thread_choice.py)
     batches = _lm_batches(lengths)
     rows = []
     with empty_kernel_cache():
@@ -372,6 +373,10 @@ def bench_lm(quick):
           f"traced, compiled: LLVM {fmt_time(llvm)}"
           f"); a 17-step batch {fmt_time(traced_times[-3])} (traced), then "
           f"{fmt_time(traced_times[-2])}; {fn.stats}")
+    for k in kernels:
+        chooser = getattr(k.kernel() if hasattr(k, "_backend") else k, "threads_choice", None)
+        if chooser is not None:
+            print(f"  BLAS threads: {chooser.describe()}")
     return rows
 
 

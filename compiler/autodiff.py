@@ -173,6 +173,23 @@ def inputs_read_by_vjps(graph) -> list:
     return sorted(found)
 
 
+def outputs_read_by_vjps(graph) -> list:
+    """Positions of the outputs of `graph` (marked by `mark_requires_grad`) whose own
+    values a vjp reads: the output of an op that saves its result (tanh, exp), or an
+    input of one that saves its inputs (mul). Eager autograd checks their versions, so a
+    result updated in place before backward() raises."""
+    read = set()
+    for node in graph.nodes:
+        if node.is_source or not node.requires_grad:
+            continue
+        saves = REGISTRY[node.op].saves
+        if "out" in saves:
+            read.add(id(node))
+        if "in" in saves:
+            read.update(id(inp) for inp in node.inputs)
+    return [k for k, out in enumerate(graph.outputs) if id(out) in read]
+
+
 def reaching(graph, wrt, seeded, blocked=frozenset()) -> list:
     """Per node of `wrt`: the positions in `seeded` (output indices of `graph`) whose
     outputs depend on it differentiably (what eager backward from those outputs would

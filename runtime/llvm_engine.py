@@ -237,7 +237,8 @@ def _optimize(mod, tm):
 def _emit_object(llvm, tm, mod) -> bytes:
     """Machine code for `mod`, without loop strength reduction unless asked for
     (strength_reduction()). The option is LLVM's, process-wide (Numba shares it), so it
-    is set for this call only and put back."""
+    is set for this call only, then put back to LLVM's default (llvmlite cannot read an
+    option: another LLVM user's own -disable-lsr=true is not kept; only speed differs)."""
     if strength_reduction():
         return tm.emit_object(mod)
     llvm.set_option("", "-disable-lsr=true")

@@ -26,6 +26,8 @@ from compiler import blas
 from compiler.lowering.llvm_arena import ALIGN
 from compiler.lowering.llvm_sym import evaluate_layout
 
+from .thread_choice import ThreadChooser, choose_threads
+
 
 def program_digest(program) -> str:
     """The name part of a program's entry symbol: a hash of its IR."""
@@ -197,9 +199,15 @@ class LLVMKernel:
         self._fns_address = self._fns.__array_interface__["data"][0]
         # (refresh() after changing it; a kernel that switches BLAS's threads around each
         # large product itself runs on one thread, compiler.lowering.llvm_nodes)
-        switches = blas.SET_THREADS in p.fns and bool(self._fns[p.fns.index(blas.SET_THREADS)])
+        slot = p.fns.index(blas.SET_THREADS) if blas.SET_THREADS in p.fns else None
+        chooser = getattr(self, "_chooser", None)
+        if chooser is not None:  # (its mode may have cleared the setter word)
+            self._fns[slot] = chooser.setter
+        switches = slot is not None and bool(self._fns[slot])
         self._large = bool(p.large_products) and not switches
         self._rows = int(getattr(p, "split_rows", 0))
+        self._chooser = ThreadChooser(self._fns, slot) if switches and not self._rows and \
+            choose_threads() else None
         self._same = list(p.same_as) or list(range(len(p.outputs)))
         self._status = int(getattr(p, "status", -1))
         self._first_temp = len(p.inputs) + len(p.consts) + len(p.outputs)
@@ -219,7 +227,9 @@ class LLVMKernel:
                 items += (np.empty(self._arena, np.uint8),)
             if self.program.uses_blas:
                 blas.kernel_threads(self._large)
-            status = call(items, self._static_address)
+            chooser = self._chooser
+            status = call(items, self._static_address) if chooser is None else \
+                chooser.run(call, items, self._static_address)
             if status == 0:
                 return outs[0] if self.program.single_output else tuple(outs)
             if status > 0:
@@ -263,6 +273,9 @@ class LLVMKernel:
         address = table.__array_interface__["data"][0]
         if self._rows:
             run_rows(self._entry, address, self._fns_address, self._rows)
+        elif self._chooser is not None:  # (a SymKernel's time per step of its length)
+            self._chooser.run(self._entry, address, self._fns_address, 0, 0,
+                              per=extra[0] if extra else 1)
         else:
             self._entry(address, self._fns_address, 0, 0)
         if self._status >= 0 and status[0]:
@@ -272,6 +285,12 @@ class LLVMKernel:
     def _index_error(self) -> IndexError:
         return IndexError(f"compiled kernel {self.filename}: an index of take or "
                           "scatter_add is out of range")
+
+    @property
+    def threads_choice(self):
+        """The ThreadChooser deciding this kernel's BLAS threads by timing (None: its
+        products follow the size rule alone, or it has no large product to switch)."""
+        return self._chooser
 
     @property
     def fast(self) -> bool:

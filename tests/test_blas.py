@@ -255,7 +255,7 @@ def test_scipy_blas_loads_with_a_short_spin_unless_the_environment_says(given, e
 
 
 @pytest.mark.usefixtures("two_threads")
-def test_an_llvm_kernel_threads_only_its_large_products():
+def test_an_llvm_kernel_threads_only_its_large_products(monkeypatch):
     """A kernel with one large product (an RNN's input projection, hoisted out of its
     loop) and a small one per step: it runs on one thread and switches BLAS to its
     threads around the large product only (each small product threaded could wait for
@@ -269,12 +269,15 @@ def test_an_llvm_kernel_threads_only_its_large_products():
             h = (xs[t] @ w + h @ u).tanh()
         return h
     xs, w, u = hn.randn(16, 32, 1024), hn.randn(1024, 128) * 0.03, hn.randn(128, 128) * 0.1
+    # (the size rule alone: timing would choose a mode per call, tests/test_thread_choice)
+    monkeypatch.setenv("HYBRIDNET_BLAS_CHOICE", "size")
     traced = hn.trace(f, backend="llvm")
     with hn.no_grad():
         traced(xs, w, u)
         want = traced(xs, w, u).numpy()
         kernel = next(iter(traced.specializations.values())).traces[0].result.kernel.kernel()
         assert blas.SET_THREADS in kernel.program.fns and not kernel._large
+        assert kernel.threads_choice is None
         slot = kernel.program.fns.index(blas.SET_THREADS)
         assert kernel._fns[slot] != 0  # (SciPy's openblas_set_num_threads)
         calls = []

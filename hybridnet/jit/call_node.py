@@ -17,7 +17,7 @@ counts it as a fallback with that reason.
 
 import numpy as np
 
-from compiler.autodiff import OwnBackward
+from compiler.autodiff import OwnBackward, outputs_read_by_vjps
 from compiler.autodiff import backward as engine_backward
 from compiler.errors import OpError
 from compiler.registry import OpDef, Trait
@@ -104,6 +104,8 @@ class CallRecord:
         self.seed_shapes = [(tuple(tg.graph.outputs[k].shape), tg.graph.outputs[k].dtype)
                             for k in tg.grad_results]
         self._views = [tg.outputs[k][0] == "view" for k in tg.grad_results]
+        # results eager's vjps read (tanh's output, mul's operand): checked as eager's are
+        self._read = outputs_read_by_vjps(tg.graph) if backward is not None else []
 
     def attach(self, leaves, input_tensors, arrays, outs):
         """Give the differentiable results (in `leaves`, replaced) their autograd nodes.
@@ -133,6 +135,7 @@ class CallRecord:
         # raises as eager does): the inputs eager's vjps read, and every result whose
         # buffer the backward reads (exp's output, a value computed under no_grad)
         checked = [input_tensors[i] for i in self.bwd.saved_inputs]
+        checked += [leaves[k] for k in self._read if isinstance(leaves[k], Tensor)]
         for t in leaves:
             if isinstance(t, Tensor) and _shares(t._data, saved):
                 checked.append(t)
@@ -178,7 +181,10 @@ class CallRecord:
             if vc[0] != version:
                 raise RuntimeError("one of the values needed for gradient computation has "
                                    "been modified by an in-place operation: an input of a "
-                                   f"compiled call is at version {vc[0]}; expected {version}")
+                                   f"compiled call is at version {vc[0]}; expected {version} "
+                                   "(create_graph=True replays the call's forward from its "
+                                   "inputs, so every input must be unchanged until then; "
+                                   "call the function untraced to update one before)")
         self.stats.event("fallback", "create_graph=True through a traced call: its graph "
                          "ran eagerly, with history, for higher-order gradients")
         graph = self.tg.graph

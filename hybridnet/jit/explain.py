@@ -55,6 +55,8 @@ def _trace_lines(j, tr):
         lines.append(f"     backend fallback: {tr['backend_fallback']}")
     if tr["symbolic"]:
         lines.append(f"     {tr['symbolic']}")
+    if tr["threads"]:
+        lines.append(f"     BLAS threads: {tr['threads']}")
     for g in tr["guards"]:
         lines.append(f"     guard: {g}")
     lines.append("     captured graph:")
@@ -113,6 +115,7 @@ def _trace_dict(tr) -> dict:
         "reused": res.reused, "backend": backend, "backend_fallback": fallback,
         "phases": _phases(res, backend),
         "symbolic": _symbolic(res),
+        "threads": _threads(res),
         "writebacks": len(tr.tg.writebacks), "backward": _backward_dict(res.backward),
         "loops": describe_loops(res.optimized),
     }
@@ -129,6 +132,13 @@ def _symbolic(res) -> str:
     return (f"one llvm kernel for every length n: kernel input {i}'s dim {d} is {size!r}; "
             f"it serves n >= {least}" + ("" if most is None else f" and n <= {most}") +
             f"; made from traces at n = {getattr(res, 'traced_at', '?')}")
+
+
+def _threads(res) -> str:
+    """How the kernel runs its large products (runtime/thread_choice.py), once compiled."""
+    kernel = res.kernel if getattr(res.kernel, "compiled", False) else None
+    chooser = getattr(kernel, "threads_choice", None)
+    return "" if chooser is None else chooser.describe()
 
 
 def _backend(res) -> tuple:
