@@ -57,15 +57,17 @@ def _spin(stop):
 
 
 @contextlib.contextmanager
-def busy_neighbour():
-    """A second process spinning on one core for the duration of the block."""
+def busy_neighbour(n=1):
+    """`n` other processes spinning (one core each) for the duration of the block."""
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
-    proc = ctx.Process(target=_spin, args=(stop,), daemon=True)
-    proc.start()
+    procs = [ctx.Process(target=_spin, args=(stop,), daemon=True) for _ in range(n)]
+    for proc in procs:
+        proc.start()
     try:
-        time.sleep(0.2)  # (let it start)
+        time.sleep(0.2)  # (let them start)
         yield
     finally:
         stop.set()
-        proc.join()
+        for proc in procs:
+            proc.join()

@@ -16,7 +16,9 @@ BLAS call, BLAS's threads above; a kernel gets them when most of its work is lar
 "all threads" lets every product use BLAS's threads (what NumPy does by default).
 Medians of repeated runs (the two columns alternated three times), all in this one
 process; the busy neighbour is a second
-process spinning on one of the two cores.
+process spinning on one of the two cores. Last, a compiled step with large products
+forced to BLAS's threads, forced to one thread, and choosing by timing its own calls
+(runtime/thread_choice.py), quiet, next to one busy process and next to two.
 """
 
 import argparse
@@ -126,6 +128,64 @@ def run_turns(title, repeat):
                                ("ratio", "before / now", lambda v: f"{v:.2f}x")])
 
 
+def _choosing_kernel():
+    """A traced step with large products (a language model's head: (700,200)x(200,1000),
+    its softmax and both gradient products) and its compiled kernel."""
+    hn.manual_seed(0)
+    head = hn.nn.Linear(200, 1000)
+    x, y = hn.randn(700, 200, requires_grad=True), hn.randint(0, 1000, (700,))
+
+    def step(x, y):
+        head.zero_grad()
+        loss = hn.nn.functional.cross_entropy(head(x), y)
+        loss.backward()
+        return loss
+    traced = hn.trace(step)
+    for _ in range(3):
+        traced(x, y)
+    kernel = next(iter(traced.specializations.values())).traces[-1].result.kernel
+    kernel = kernel.kernel() if callable(getattr(kernel, "kernel", None)) else kernel
+    return (lambda: traced(x, y)), kernel
+
+
+def run_choice(title, repeat):
+    """The kernel forced to BLAS's threads, forced to one thread, and choosing by timing
+    (runtime/thread_choice.py: after its comparison; calls alternate the three)."""
+    call, kernel = _choosing_kernel()
+    chooser = kernel.threads_choice
+    if chooser is None:
+        print(f"\n{title}: no kernel chooses here (one core, or HYBRIDNET_BLAS_CHOICE=size)")
+        return
+    fns, slot, setter = kernel._fns, chooser._slot, chooser.setter
+
+    def forced(word):
+        def run():
+            kernel._chooser, fns[slot] = None, word
+            call()
+        return run
+
+    def chosen():
+        kernel._chooser = chooser
+        fns[slot] = setter if chooser.threaded else 0
+        call()
+    for _ in range(8):  # (its first comparison)
+        chosen()
+    times = {"wide": [], "one": [], "chosen": []}
+    for _ in range(3):
+        times["wide"].append(median_time(forced(setter), repeat))
+        times["one"].append(median_time(forced(0), repeat))
+        times["chosen"].append(median_time(chosen, repeat))
+    row = {k: statistics.median(v) for k, v in times.items()}
+    row["case"] = "traced LM head step (700x200 @ 200x1000, backward)"
+    row["ratio"] = row["chosen"] / min(row["wide"], row["one"])
+    row["pick"] = "threads" if chooser.threaded else "one"
+    kernel._chooser = chooser
+    print_table(title, [row], [("case", "case", str), ("wide", "BLAS threads", fmt_time),
+                               ("one", "one thread", fmt_time), ("chosen", "chosen", fmt_time),
+                               ("pick", "pick", str),
+                               ("ratio", "chosen / best", lambda v: f"{v:.2f}x")])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
@@ -134,10 +194,16 @@ def main():
           f"from {blas.LARGE_MACS} multiply-adds)")
     run("Quiet machine", args.repeat)
     run_turns("Quiet machine: eager and compiled products in turns", args.repeat)
+    run_choice("Quiet machine: a kernel choosing its BLAS threads by timing", args.repeat)
     with busy_neighbour():
         run("With a busy neighbour on one core", args.repeat)
         run_turns("With a busy neighbour: eager and compiled products in turns",
                   args.repeat)
+        run_choice("With a busy neighbour: a kernel choosing its BLAS threads",
+                   args.repeat)
+    with busy_neighbour(2):
+        run_choice("With two busy neighbours (both cores): a kernel choosing its BLAS "
+                   "threads", args.repeat)
 
 
 if __name__ == "__main__":
