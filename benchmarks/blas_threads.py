@@ -18,7 +18,7 @@ Medians of repeated runs (the two columns alternated three times), all in this o
 process; the busy neighbour is a second
 process spinning on one of the two cores. Last, a compiled step with large products
 forced to BLAS's threads, forced to one thread, and choosing by timing its own calls
-(runtime/thread_choice.py), quiet, next to one busy process and next to two.
+(compiler/thread_choice.py), quiet, next to one busy process and next to two.
 """
 
 import argparse
@@ -150,7 +150,7 @@ def _choosing_kernel():
 
 def run_choice(title, repeat):
     """The kernel forced to BLAS's threads, forced to one thread, and choosing by timing
-    (runtime/thread_choice.py: after its comparison; calls alternate the three)."""
+    (compiler/thread_choice.py: after its comparison; calls alternate the three)."""
     call, kernel = _choosing_kernel()
     chooser = kernel.threads_choice
     if chooser is None:

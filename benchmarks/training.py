@@ -348,7 +348,7 @@ def bench_lm(quick):
     compile: the first runs eagerly (the optimizer creates its state), the second is
     traced, the third compiles (LLVM) and runs."""
     lengths = [35] * (14 if quick else 24) + [17, 35, 35]  # (the kernel compares its
-    # BLAS thread modes over its 6 calls after the first: runtime/thread_choice.py)
+    # BLAS thread modes over its 6 calls after the first: compiler/thread_choice.py)
     batches = _lm_batches(lengths)
     rows = []
     with empty_kernel_cache():

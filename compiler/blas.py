@@ -65,6 +65,8 @@ import sys
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from .thread_choice import choose_threads, eager_chooser
+
 SPIN = "18"  # OPENBLAS_THREAD_TIMEOUT for SciPy's OpenBLAS: idle workers sleep after 2**18 cycles
 LARGE_MACS = 50_000_000  # multiply-adds of one BLAS call from which it gets BLAS's threads
 
@@ -166,10 +168,22 @@ def matmul(a, b) -> np.ndarray:
     # (one BLAS call has at most a.size * b.size multiply-adds: one test rejects most)
     if _wide[0] > 1 and a.size * b.size >= LARGE_MACS and a.dtype.kind == "f" and \
             macs(a.shape, b.shape) >= LARGE_MACS:
-        if a.ndim == b.ndim == 2 and a.dtype == b.dtype and a.dtype in GEMM:
-            return _scipy_gemm(a, b)
-        return threaded(np.matmul, a, b)
+        if not choose_threads():
+            return _large_product(a, b)
+        chooser = eager_chooser(a, b)  # (threads or not, by timing: compiler.thread_choice)
+        return chooser.run(_chosen_product, chooser, a, b)
     return np.matmul(a, b)
+
+
+def _chosen_product(chooser, a, b) -> np.ndarray:
+    return _large_product(a, b) if chooser.current else np.matmul(a, b)
+
+
+def _large_product(a, b) -> np.ndarray:
+    """a @ b on BLAS's threads."""
+    if a.ndim == b.ndim == 2 and a.dtype == b.dtype and a.dtype in GEMM:
+        return _scipy_gemm(a, b)
+    return threaded(np.matmul, a, b)
 
 
 GEMM = {np.dtype(np.float32): ("sgemm", ctypes.c_float),

@@ -25,8 +25,7 @@ import numpy as np
 from compiler import blas
 from compiler.lowering.llvm_arena import ALIGN
 from compiler.lowering.llvm_sym import evaluate_layout
-
-from .thread_choice import ThreadChooser, choose_threads
+from compiler.thread_choice import KernelChooser, choose_threads
 
 
 def program_digest(program) -> str:
@@ -206,7 +205,7 @@ class LLVMKernel:
         switches = slot is not None and bool(self._fns[slot])
         self._large = bool(p.large_products) and not switches
         self._rows = int(getattr(p, "split_rows", 0))
-        self._chooser = ThreadChooser(self._fns, slot) if switches and not self._rows and \
+        self._chooser = KernelChooser(self._fns, slot) if switches and not self._rows and \
             choose_threads() else None
         self._same = list(p.same_as) or list(range(len(p.outputs)))
         self._status = int(getattr(p, "status", -1))

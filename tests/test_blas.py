@@ -28,6 +28,13 @@ def two_threads():
     blas._set(1)
 
 
+@pytest.fixture(autouse=True)
+def size_rule(monkeypatch):
+    """These tests check the size rule itself: products do not choose by timing here
+    (compiler/thread_choice.py; tests/test_thread_choice.py)."""
+    monkeypatch.setenv("HYBRIDNET_BLAS_CHOICE", "size")
+
+
 def test_import_puts_blas_on_one_thread():
     assert blas.threads() and _now() == {1}
 

@@ -1,4 +1,4 @@
-"""runtime/thread_choice.py: a compiled kernel with large products runs them on BLAS's
+"""compiler/thread_choice.py: a compiled kernel with large products runs them on BLAS's
 threads or on one thread, whichever its own calls measured faster; it compares again
 every EVERY calls, and the choice never changes a result."""
 
@@ -8,16 +8,15 @@ import numpy as np
 import pytest
 
 import hybridnet as hn
-from compiler import blas
-from runtime import thread_choice
-from runtime.thread_choice import EVERY, TRIAL, ThreadChooser
+from compiler import blas, thread_choice
+from compiler.thread_choice import EVERY, TRIAL, KernelChooser
 
 SETTER = 12345
 
 
 def _chooser():
     fns = np.array([7, SETTER, 2], dtype=np.uintp)
-    return fns, ThreadChooser(fns, 1)
+    return fns, KernelChooser(fns, 1)
 
 
 def _drive(chooser, fns, seconds_of, calls):
@@ -135,3 +134,62 @@ def test_the_size_rule_alone_when_asked(monkeypatch):
     assert not thread_choice.choose_threads()
     monkeypatch.setenv("HYBRIDNET_BLAS_CHOICE", "")
     assert thread_choice.choose_threads()
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_eager_large_products_choose_per_shape(monkeypatch):
+    """Eager products of at least LARGE_MACS: one chooser per shape; in the threaded mode
+    they run through blas._large_product (BLAS's threads), else NumPy on one thread."""
+    monkeypatch.delenv("HYBRIDNET_BLAS_CHOICE", raising=False)
+    monkeypatch.setattr(thread_choice, "_EAGER", {})
+    threaded = []
+    original = blas._large_product
+
+    def spy(a, b):
+        threaded.append(a.shape)
+        return original(a, b)
+    monkeypatch.setattr(blas, "_large_product", spy)
+    rng = np.random.default_rng(0)
+    a = hn.tensor(rng.standard_normal((512, 512)).astype(np.float32))
+    b = hn.tensor(rng.standard_normal((512, 256)).astype(np.float32))
+    assert blas.macs(a.shape, b.shape) >= blas.LARGE_MACS
+    want = a.numpy().astype(np.float64) @ b.numpy().astype(np.float64)
+    modes = []
+    for _ in range(1 + 2 * TRIAL):
+        before = len(threaded)
+        got = (a @ b).numpy()
+        modes.append(len(threaded) > before)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+    assert modes == [True] + [True, False] * TRIAL
+    chooser = thread_choice.eager_chooser(a._data, b._data)
+    assert chooser.comparisons == 1 and chooser.last is not None
+    c = hn.tensor(rng.standard_normal((256, 512)).astype(np.float32))
+    assert thread_choice.eager_chooser(c._data, a._data) is not chooser  # (its own)
+    small = hn.randn(32, 64) @ hn.randn(64, 32)  # (below LARGE_MACS: no chooser)
+    assert small.shape == (32, 32) and len(thread_choice._EAGER) == 2
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_eager_size_rule_alone_when_asked(monkeypatch):
+    monkeypatch.setenv("HYBRIDNET_BLAS_CHOICE", "size")
+    monkeypatch.setattr(thread_choice, "_EAGER", {})
+    calls = []
+    original = blas._large_product
+    monkeypatch.setattr(blas, "_large_product", lambda a, b: calls.append(1) or original(a, b))
+    a, b = hn.randn(512, 512), hn.randn(512, 256)
+    for _ in range(5):
+        a @ b
+    assert calls == [1] * 5 and not thread_choice._EAGER
+
+
+def test_shapes_are_forgotten_past_the_limit(monkeypatch):
+    monkeypatch.setattr(thread_choice, "_EAGER", {})
+    monkeypatch.setattr(thread_choice, "MAX_SHAPES", 3)
+    arrays = [np.empty((n, 2), np.float32) for n in range(1, 5)]
+    first = thread_choice.eager_chooser(arrays[0], arrays[0].T)
+    for x in arrays[1:3]:
+        thread_choice.eager_chooser(x, x.T)
+    assert thread_choice.eager_chooser(arrays[0], arrays[0].T) is first
+    thread_choice.eager_chooser(arrays[3], arrays[3].T)  # (the fourth: forget, then add)
+    assert len(thread_choice._EAGER) == 1
+    assert thread_choice.eager_chooser(arrays[0], arrays[0].T) is not first

@@ -135,7 +135,7 @@ def _symbolic(res) -> str:
 
 
 def _threads(res) -> str:
-    """How the kernel runs its large products (runtime/thread_choice.py), once compiled."""
+    """How the kernel runs its large products (compiler/thread_choice.py), once compiled."""
     kernel = res.kernel if getattr(res.kernel, "compiled", False) else None
     chooser = getattr(kernel, "threads_choice", None)
     return "" if chooser is None else chooser.describe()

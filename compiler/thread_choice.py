@@ -1,5 +1,5 @@
-"""Whether a compiled kernel's large matrix products get BLAS's threads, decided by what
-its calls take on this machine now, not by a rule that assumes an idle one.
+"""Whether large matrix products get BLAS's threads, decided by what they take on this
+machine now, not by a rule that assumes an idle one.
 
 An llvm kernel switches OpenBLAS to its threads around each product of at least
 `compiler.blas.LARGE_MACS` multiply-adds (compiler/lowering/llvm_nodes.py, through the
@@ -12,7 +12,11 @@ time), and compare again every `EVERY` calls. Writing the setter word (zero: eve
 product stays on one thread) flips the mode between calls, so the kernel's code is the
 same either way. The cost is a few calls in the slower mode per `EVERY`.
 
-A kernel for every length (SymKernel) compares time per step of its length.
+A kernel for every length (SymKernel) compares time per step of its length. Eager
+products of at least LARGE_MACS choose the same way, one chooser per product shape
+(`compiler.blas.matmul`): an eager language-model step next to a busy process took
+76-88 ms with its large products threaded and 68 ms on one thread (65 against 68 ms
+quiet).
 """
 
 import os
@@ -24,19 +28,18 @@ MARGIN = 0.95  # the other mode must be this much faster (its median) to be chos
 
 
 def choose_threads() -> bool:
-    """Do kernels choose by timing? HYBRIDNET_BLAS_CHOICE=size keeps the size rule alone
-    (every large product threaded)."""
+    """Do large products choose by timing? HYBRIDNET_BLAS_CHOICE=size keeps the size rule
+    alone (every large product threaded)."""
     return os.environ.get("HYBRIDNET_BLAS_CHOICE", "").strip().lower() != "size"
 
 
 class ThreadChooser:
-    """The mode of one kernel: `threaded` (large products on BLAS's threads) or not;
-    `fns`: the kernel's function table, `slot`: its setter word's index."""
+    """The chosen mode, `threaded` (large products on BLAS's threads) or not, and
+    `current`, the mode of the call running now; `set_mode(threaded)` applies a mode."""
 
-    def __init__(self, fns, slot):
-        self._fns, self._slot = fns, slot
-        self.setter = int(fns[slot])
-        self.threaded = True
+    def __init__(self, set_mode=None):
+        self._set_mode = set_mode
+        self.threaded = self.current = True
         self.comparisons = 0  # comparisons made
         self.last = None  # (median threaded, median one thread) of the last comparison
         self._times = ([], [])  # per mode (one thread, threaded): this comparison's times
@@ -84,7 +87,9 @@ class ThreadChooser:
             self.done((time.perf_counter() - begin) / max(per, 1))
 
     def _set(self, threaded: bool) -> None:
-        self._fns[self._slot] = self.setter if threaded else 0
+        self.current = threaded
+        if self._set_mode is not None:
+            self._set_mode(threaded)
 
     def describe(self) -> str:
         """One line for hn.explain."""
@@ -95,3 +100,31 @@ class ThreadChooser:
         return (f"large products {mode}: last comparison {wide * 1e3:.3g} ms threaded, "
                 f"{one * 1e3:.3g} ms on one thread (medians of {TRIAL}; "
                 f"{self.comparisons} comparisons)")
+
+
+class KernelChooser(ThreadChooser):
+    """The chooser of one compiled kernel: its mode is the setter word (`slot`) of its
+    function table `fns` (zero: no product switches to BLAS's threads)."""
+
+    def __init__(self, fns, slot):
+        self._fns, self._slot = fns, slot
+        self.setter = int(fns[slot])
+        super().__init__(self._write)
+
+    def _write(self, threaded: bool) -> None:
+        self._fns[self._slot] = self.setter if threaded else 0
+
+
+_EAGER = {}  # (a's shape, b's shape, dtype) -> ThreadChooser of eager products
+MAX_SHAPES = 256  # product shapes remembered (then forgotten, all at once)
+
+
+def eager_chooser(a, b) -> ThreadChooser:
+    """The chooser of eager large products of a's and b's shapes and dtype."""
+    key = (a.shape, b.shape, a.dtype)
+    chooser = _EAGER.get(key)
+    if chooser is None:
+        if len(_EAGER) >= MAX_SHAPES:
+            _EAGER.clear()
+        chooser = _EAGER[key] = ThreadChooser()
+    return chooser
