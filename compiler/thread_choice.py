@@ -61,9 +61,14 @@ class ThreadChooser:
 
     def done(self, seconds: float) -> None:
         """After a timed call of the mode start() set."""
+        if self._trial < 0:  # (another thread ended this comparison meanwhile)
+            return
         self._times[self._trial % 2 == 0].append(seconds)
         self._trial += 1
         if self._trial < 2 * TRIAL:
+            return
+        if not all(self._times):  # (threads calling at once mixed the turns: again)
+            self._trial, self._times = 0, ([], [])
             return
         one, wide = (sorted(t)[len(t) // 2] for t in self._times)
         self.last = (wide, one)
