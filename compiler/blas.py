@@ -167,23 +167,22 @@ def matmul(a, b) -> np.ndarray:
     fight for the 2 cores (an MLP's calls 10x slower, 100x next to a busy process)."""
     # (one BLAS call has at most a.size * b.size multiply-adds: one test rejects most)
     if _wide[0] > 1 and a.size * b.size >= LARGE_MACS and a.dtype.kind == "f" and \
-            macs(a.shape, b.shape) >= LARGE_MACS:
+            macs(a.shape, b.shape) >= LARGE_MACS and a.ndim and b.ndim and \
+            a.shape[-1] == (b.shape[-2] if b.ndim > 1 else b.shape[0]):
         if not choose_threads():
-            return _large_product(a, b)
+            return _large_product(True, a, b)
         chooser = eager_chooser(a, b)  # (threads or not, by timing: compiler.thread_choice)
-        return chooser.run(_chosen_product, chooser, a, b)
-    return np.matmul(a, b)
+        return chooser.run(_large_product, a, b, pass_mode=True)
+    return np.matmul(a, b)  # (also every mismatch: NumPy's error names the shapes)
 
 
-def _chosen_product(chooser, a, b) -> np.ndarray:
-    return _large_product(a, b) if chooser.current else np.matmul(a, b)
-
-
-def _large_product(a, b) -> np.ndarray:
-    """a @ b on BLAS's threads."""
+def _large_product(wide, a, b) -> np.ndarray:
+    """a @ b on BLAS's threads (`wide`) or on one; 2-D in SciPy's BLAS either way, the
+    library compiled kernels call (its round-off may still differ by an ulp between one
+    thread and several, for some shapes)."""
     if a.ndim == b.ndim == 2 and a.dtype == b.dtype and a.dtype in GEMM:
-        return _scipy_gemm(a, b)
-    return threaded(np.matmul, a, b)
+        return _scipy_gemm(a, b, wide)
+    return threaded(np.matmul, a, b) if wide else np.matmul(a, b)
 
 
 GEMM = {np.dtype(np.float32): ("sgemm", ctypes.c_float),
@@ -191,12 +190,14 @@ GEMM = {np.dtype(np.float32): ("sgemm", ctypes.c_float),
 _GEMM_FNS = {}  # dtype -> the ctypes function of SciPy's ?gemm
 
 
-def _scipy_gemm(a, b) -> np.ndarray:
-    """a @ b (2-D, one float dtype) by SciPy's Fortran ?gemm on BLAS's threads. Fortran
-    computes the transposed product: C^T (n x m) = B^T A^T, reading row-major buffers as
-    their transposes."""
+def _scipy_gemm(a, b, wide=True) -> np.ndarray:
+    """a @ b (2-D, one float dtype, a's columns as many as b's rows) by SciPy's Fortran
+    ?gemm, on BLAS's threads (`wide`) or one. Fortran computes the transposed product:
+    C^T (n x m) = B^T A^T, reading row-major buffers as their transposes."""
     m, k = a.shape
     n = b.shape[1]
+    if b.shape[0] != k:  # (BLAS would read past b's end)
+        raise ValueError(f"matmul: {list(a.shape)} @ {list(b.shape)}: sizes do not match")
     name, scalar = GEMM[a.dtype]
     fn = _GEMM_FNS.get(a.dtype)
     if fn is None:
@@ -207,7 +208,7 @@ def _scipy_gemm(a, b) -> np.ndarray:
     out = np.empty((m, n), dtype=a.dtype)
     ints = [ctypes.c_int(v) for v in (n, m, k, ldb, lda, n)]
     one, zero = scalar(1.0), scalar(0.0)
-    kernel_threads(True)
+    kernel_threads(wide)
     p = ctypes.byref
     fn(p(tb), p(ta), p(ints[0]), p(ints[1]), p(ints[2]), p(one), b.ctypes.data, p(ints[3]),
        a.ctypes.data, p(ints[4]), p(zero), out.ctypes.data, p(ints[5]))

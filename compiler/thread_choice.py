@@ -15,11 +15,12 @@ same either way. The cost is a few calls in the slower mode per `EVERY`.
 A kernel for every length (SymKernel) compares time per step of its length. Eager
 products of at least LARGE_MACS choose the same way, one chooser per product shape
 (`compiler.blas.matmul`): an eager language-model step next to a busy process took
-76-88 ms with its large products threaded and 68 ms on one thread (65 against 68 ms
-quiet).
+76-138 ms with its large products threaded and 68-72 ms on one thread (65-74 against
+68 ms quiet).
 """
 
 import os
+import threading
 import time
 
 TRIAL = 3  # calls per mode in a comparison
@@ -27,10 +28,27 @@ EVERY = 100  # calls in the chosen mode between comparisons
 MARGIN = 0.95  # the other mode must be this much faster (its median) to be chosen
 
 
+_DETERMINISTIC = [False]  # hn.use_deterministic_algorithms
+
+
+def set_deterministic(on: bool) -> None:
+    """Bit-reproducible products (hn.use_deterministic_algorithms): no choosing by timing.
+    BLAS gives different round-off on one thread and on its threads (an ulp, for some
+    shapes), so a mode chosen by timing makes results depend on the machine's load."""
+    _DETERMINISTIC[0] = bool(on)
+
+
+def deterministic() -> bool:
+    """Is set_deterministic(True) in force?"""
+    return _DETERMINISTIC[0]
+
+
 def choose_threads() -> bool:
-    """Do large products choose by timing? HYBRIDNET_BLAS_CHOICE=size keeps the size rule
-    alone (every large product threaded)."""
-    return os.environ.get("HYBRIDNET_BLAS_CHOICE", "").strip().lower() != "size"
+    """Do large products choose by timing? Not under hn.use_deterministic_algorithms(True)
+    or HYBRIDNET_BLAS_CHOICE=size, which keep the size rule alone (every large product
+    on BLAS's threads)."""
+    return not _DETERMINISTIC[0] and \
+        os.environ.get("HYBRIDNET_BLAS_CHOICE", "").strip().lower() != "size"
 
 
 class ThreadChooser:
@@ -39,6 +57,7 @@ class ThreadChooser:
 
     def __init__(self, set_mode=None):
         self._set_mode = set_mode
+        self._lock = threading.Lock()  # (kernels run on several threads at once)
         self.threaded = self.current = True
         self.comparisons = 0  # comparisons made
         self.last = None  # (median threaded, median one thread) of the last comparison
@@ -48,48 +67,64 @@ class ThreadChooser:
 
     def start(self) -> bool:
         """Before a call: set its mode. Returns whether to time it."""
-        if self._trial < 0:
-            self._calls += 1
-            if self._calls == 1 and self.comparisons == 0:
-                return False  # (the first call: buffers and caches warm up)
-            if self.comparisons and self._calls <= EVERY:
-                return False
-            self._trial = 0
-            self._times = ([], [])
-        self._set(self._trial % 2 == 0)  # (alternating, threaded first)
-        return True
+        return self._begin() is not None
 
-    def done(self, seconds: float) -> None:
-        """After a timed call of the mode start() set."""
-        if self._trial < 0:  # (another thread ended this comparison meanwhile)
-            return
-        self._times[self._trial % 2 == 0].append(seconds)
-        self._trial += 1
-        if self._trial < 2 * TRIAL:
-            return
-        if not all(self._times):  # (threads calling at once mixed the turns: again)
-            self._trial, self._times = 0, ([], [])
-            return
-        one, wide = (sorted(t)[len(t) // 2] for t in self._times)
-        self.last = (wide, one)
-        if self.threaded:
-            self.threaded = not one < MARGIN * wide
-        else:
-            self.threaded = wide < MARGIN * one
-        self._set(self.threaded)
-        self.comparisons += 1
-        self._trial, self._calls = -1, 0
+    def _begin(self):
+        """start(), returning the mode of a timed call, or None."""
+        if not choose_threads():  # (turned off since: the size rule, threaded)
+            if not self.current:
+                self._set(True)
+            return None
+        with self._lock:
+            if self._trial < 0:
+                self._calls += 1
+                if self._calls == 1 and self.comparisons == 0:
+                    return None  # (the first call: buffers and caches warm up)
+                if self.comparisons and self._calls <= EVERY:
+                    return None
+                self._trial = 0
+                self._times = ([], [])
+            mode = self._trial % 2 == 0  # (alternating, threaded first)
+            self._set(mode)
+            return mode
 
-    def run(self, fn, *args, per=1):
-        """fn(*args) in this kernel's mode, timed when a comparison needs it (`per`: the
-        units its time is divided by, a SymKernel's length)."""
-        if not self.start():
+    def done(self, seconds: float, threaded=None) -> None:
+        """After a timed call run in mode `threaded` (default: the turn's)."""
+        with self._lock:
+            if self._trial < 0:  # (another thread ended this comparison meanwhile)
+                return
+            if threaded is None:
+                threaded = self._trial % 2 == 0
+            self._times[threaded].append(seconds)
+            self._trial += 1
+            if self._trial < 2 * TRIAL:
+                return
+            if not all(self._times):  # (threads calling at once mixed the turns: again)
+                self._trial, self._times = 0, ([], [])
+                return
+            one, wide = (sorted(t)[len(t) // 2] for t in self._times)
+            self.last = (wide, one)
+            if self.threaded:
+                self.threaded = not one < MARGIN * wide
+            else:
+                self.threaded = wide < MARGIN * one
+            self._set(self.threaded)
+            self.comparisons += 1
+            self._trial, self._calls = -1, 0
+
+    def run(self, fn, *args, per=1, pass_mode=False):
+        """fn(*args) in this chooser's mode, timed when a comparison needs it (`per`: the
+        units its time is divided by, a SymKernel's length; `pass_mode`: call
+        fn(threaded, *args)). A call that raises is no sample."""
+        mode = self._begin()
+        if pass_mode:
+            args = (self.current if mode is None else mode,) + args
+        if mode is None:
             return fn(*args)
         begin = time.perf_counter()
-        try:
-            return fn(*args)
-        finally:
-            self.done((time.perf_counter() - begin) / max(per, 1))
+        out = fn(*args)
+        self.done((time.perf_counter() - begin) / max(per, 1), mode)
+        return out
 
     def _set(self, threaded: bool) -> None:
         self.current = threaded

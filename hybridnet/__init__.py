@@ -127,7 +127,12 @@ from .tensor_ops import (
     triu,
 )
 from .tensor_ops import t as _t
-from .threads import get_num_threads, set_num_threads
+from .threads import (
+    are_deterministic_algorithms_enabled,
+    get_num_threads,
+    set_num_threads,
+    use_deterministic_algorithms,
+)
 
 
 def is_tensor(obj) -> bool:
@@ -174,7 +179,8 @@ __all__ = [
     "full_like", "rand", "randn", "randint", "arange", "linspace", "eye", "manual_seed",
     "float32", "float64", "int32", "int64", "bool", "no_grad", "enable_grad",
     "set_grad_enabled", "is_grad_enabled", "grad", "record", "graph_of", "save", "load_state",
-    "set_num_threads", "get_num_threads", "onnx",
+    "set_num_threads", "get_num_threads", "use_deterministic_algorithms",
+    "are_deterministic_algorithms_enabled", "onnx",
     "nn", "optim", "utils", "trace", "explain", "benchmark", "TracedFunction", "ExplainReport",
     "distributions",
     "BenchmarkResult", "export", "load", "ExportError", "LoadedFunction",

@@ -4,7 +4,7 @@ may use (compiled kernels that split rows, large BLAS products, Numba's loops)."
 import os
 import sys
 
-from compiler import blas
+from compiler import blas, thread_choice
 from runtime import llvm_kernel
 
 
@@ -19,6 +19,7 @@ def set_num_threads(n: int) -> None:
     os.environ["HYBRIDNET_THREADS"] = str(n)
     llvm_kernel.reset_pool()
     blas.set_threads(n)
+    llvm_kernel.rebind_blas()  # (compiled kernels' tables: the new count)
     numba = sys.modules.get("numba")
     if numba is None:
         os.environ["NUMBA_NUM_THREADS"] = str(n)
@@ -30,3 +31,20 @@ def get_num_threads() -> int:
     """The threads parallel work may use (set_num_threads's `n`; by default
     HYBRIDNET_THREADS, else the CPUs this process may run on)."""
     return llvm_kernel.threads()
+
+
+def use_deterministic_algorithms(mode: bool, *, warn_only: bool = False) -> None:
+    """As torch.use_deterministic_algorithms: with `mode` True, results are the same bits
+    from run to run. hybridnet's one source of run-to-run variation is the choice of
+    BLAS threads for large products by timing (compiler/thread_choice.py): one thread and
+    several round differently (an ulp, for some shapes), so it follows the machine's
+    load. Deterministic mode keeps the size rule alone (large products always on BLAS's
+    threads). `warn_only` is accepted for PyTorch's signature (nothing here warns)."""
+    if not isinstance(mode, bool):
+        raise TypeError(f"use_deterministic_algorithms: expected a bool, got {mode!r}")
+    thread_choice.set_deterministic(mode)
+
+
+def are_deterministic_algorithms_enabled() -> bool:
+    """Whether use_deterministic_algorithms(True) is in force."""
+    return thread_choice.deterministic()

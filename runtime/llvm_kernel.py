@@ -18,6 +18,7 @@ import hashlib
 import itertools
 import os
 import sys
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -49,6 +50,16 @@ def threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
+
+
+_BLAS_KERNELS = weakref.WeakSet()  # live kernels whose function table switches threads
+
+
+def rebind_blas() -> None:
+    """After hn.set_num_threads: every live kernel's table gets the new thread count (one
+    thread: no switching, no choosing)."""
+    for kernel in list(_BLAS_KERNELS):
+        kernel.rebind_blas()
 
 
 def _forget_pool():
@@ -103,6 +114,17 @@ def _outputs(alloc) -> list:
     for a in alloc:
         outs.append(outs[a] if isinstance(a, int) else np.empty(*a))
     return outs
+
+
+class _Refused(Exception):
+    """hn_call refused an input (its status -1): the checked path takes the call."""
+
+
+def _accepted(call, items, address) -> int:
+    status = call(items, address)
+    if status < 0:
+        raise _Refused
+    return status
 
 
 CALL_TYPE = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.py_object, ctypes.c_void_p)
@@ -183,6 +205,15 @@ class LLVMKernel:
         self._call_address = call
         self._fns = np.array(blas.scipy_pointers(program.fns) or [0], dtype=np.uintp)
         self._prepare_layout()
+        if blas.SET_THREADS in program.fns:
+            _BLAS_KERNELS.add(self)
+
+    def rebind_blas(self):
+        """Fill the function table again (hn.set_num_threads changed BLAS's count, or
+        whether products switch at all) and start choosing afresh."""
+        self._chooser = None
+        self._fns[:] = blas.scipy_pointers(self.program.fns) or [0]
+        self._prepare_layout()
 
     def refresh(self):
         """Take the program's settings again (after the backend changed them)."""
@@ -227,8 +258,13 @@ class LLVMKernel:
             if self.program.uses_blas:
                 blas.kernel_threads(self._large)
             chooser = self._chooser
-            status = call(items, self._static_address) if chooser is None else \
-                chooser.run(call, items, self._static_address)
+            if chooser is None:
+                status = call(items, self._static_address)
+            else:
+                try:  # (a call hn_call refuses runs no product: it is no sample)
+                    status = chooser.run(_accepted, call, items, self._static_address)
+                except _Refused:
+                    status = -1
             if status == 0:
                 return outs[0] if self.program.single_output else tuple(outs)
             if status > 0:

@@ -139,15 +139,16 @@ def test_the_size_rule_alone_when_asked(monkeypatch):
 @pytest.mark.usefixtures("two_threads")
 def test_eager_large_products_choose_per_shape(monkeypatch):
     """Eager products of at least LARGE_MACS: one chooser per shape; in the threaded mode
-    they run through blas._large_product (BLAS's threads), else NumPy on one thread."""
+    they run in SciPy's BLAS on its threads, else on one (blas._large_product)."""
     monkeypatch.delenv("HYBRIDNET_BLAS_CHOICE", raising=False)
     monkeypatch.setattr(thread_choice, "_EAGER", {})
     threaded = []
     original = blas._large_product
 
-    def spy(a, b):
-        threaded.append(a.shape)
-        return original(a, b)
+    def spy(wide, a, b):
+        if wide:
+            threaded.append(a.shape)
+        return original(wide, a, b)
     monkeypatch.setattr(blas, "_large_product", spy)
     rng = np.random.default_rng(0)
     a = hn.tensor(rng.standard_normal((512, 512)).astype(np.float32))
@@ -175,11 +176,12 @@ def test_eager_size_rule_alone_when_asked(monkeypatch):
     monkeypatch.setattr(thread_choice, "_EAGER", {})
     calls = []
     original = blas._large_product
-    monkeypatch.setattr(blas, "_large_product", lambda a, b: calls.append(1) or original(a, b))
+    monkeypatch.setattr(blas, "_large_product",
+                        lambda wide, a, b: calls.append(wide) or original(wide, a, b))
     a, b = hn.randn(512, 512), hn.randn(512, 256)
     for _ in range(5):
         a @ b
-    assert calls == [1] * 5 and not thread_choice._EAGER
+    assert calls == [True] * 5 and not thread_choice._EAGER
 
 
 def test_shapes_are_forgotten_past_the_limit(monkeypatch):

@@ -132,8 +132,8 @@ class CallRecord:
             out = leaves[k] = make(data, True, node)
             out._vc = t._vc  # (a view of an input shares its version counter)
         # Checked whenever any output's backward runs (modified in place before it, it
-        # raises as eager does): the inputs eager's vjps read, and every result whose
-        # buffer the backward reads (exp's output, a value computed under no_grad)
+        # raises as eager does): the inputs and results eager's vjps read, and every
+        # result whose buffer the compiled backward reads (a value made under no_grad)
         checked = [input_tensors[i] for i in self.bwd.saved_inputs]
         checked += [leaves[k] for k in self._read if isinstance(leaves[k], Tensor)]
         for t in leaves:

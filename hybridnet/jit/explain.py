@@ -82,6 +82,8 @@ def _trace_lines(j, tr):
         lines.extend("       " + ln for ln in bwd["graph"].splitlines())
         lines.append("     backward kernels:")
         lines.extend("       " + ln for ln in bwd["kernels"])
+        if bwd["threads"]:
+            lines.append(f"     backward BLAS threads: {bwd['threads']}")
         if bwd["loops"]:
             lines.append("     backward loops:")
             lines.extend("       " + ln for ln in bwd["loops"])
@@ -135,7 +137,8 @@ def _symbolic(res) -> str:
 
 
 def _threads(res) -> str:
-    """How the kernel runs its large products (compiler/thread_choice.py), once compiled."""
+    """How the kernel (of a CompileResult or a Backward) runs its large products
+    (compiler/thread_choice.py), once compiled."""
     kernel = res.kernel if getattr(res.kernel, "compiled", False) else None
     chooser = getattr(kernel, "threads_choice", None)
     return "" if chooser is None else chooser.describe()
@@ -172,7 +175,8 @@ def _backward_dict(bwd):
             "saved": [f"{n.op} {n.type_str()}" for n in saved],
             "recomputed": [f"{n.op} {n.type_str()}" for n in bwd.split.recomputed or ()],
             "kernels": describe_units(bwd.program.units), "source": bwd.kernel.source,
-            "reused": bwd.reused, "loops": describe_loops(bwd.split.backward)}
+            "reused": bwd.reused, "loops": describe_loops(bwd.split.backward),
+            "threads": _threads(bwd)}
 
 
 def _source_text(src) -> str:
