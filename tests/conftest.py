@@ -3,6 +3,8 @@
 import os
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 for path in (HERE, ROOT):
@@ -13,6 +15,19 @@ for path in (HERE, ROOT):
 if "HYBRIDNET_CACHE_DIR" not in os.environ:
     import tempfile
     os.environ["HYBRIDNET_CACHE_DIR"] = tempfile.mkdtemp(prefix="hybridnet-test-cache-")
+
+from compiler import blas  # noqa: E402  (after the path and the cache folder above)
+
+
+@pytest.fixture
+def two_threads():
+    """As on a 2-core machine whatever this one is: large products get 2 threads (and
+    choose by timing, compiler/thread_choice.py, unless a test says otherwise)."""
+    saved = blas._wide[0]
+    blas._wide[0] = 2
+    yield
+    blas._wide[0] = saved
+    blas._set(1)
 
 
 def pytest_terminal_summary(terminalreporter):

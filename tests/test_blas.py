@@ -18,16 +18,6 @@ def _now():
     return set(blas.threads().values())
 
 
-@pytest.fixture
-def two_threads():
-    """As on a 2-core machine whatever this one is: large products get 2 threads."""
-    saved = blas._wide[0]
-    blas._wide[0] = 2
-    yield
-    blas._wide[0] = saved
-    blas._set(1)
-
-
 @pytest.fixture(autouse=True)
 def size_rule(monkeypatch):
     """These tests check the size rule itself: products do not choose by timing here

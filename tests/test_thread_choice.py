@@ -85,15 +85,6 @@ def _kernel_of(traced):
     return kernel.kernel() if callable(getattr(kernel, "kernel", None)) else kernel
 
 
-@pytest.fixture
-def two_threads():
-    saved = blas._wide[0]
-    blas._wide[0] = 2
-    yield
-    blas._wide[0] = saved
-    blas._set(1)
-
-
 @pytest.mark.usefixtures("two_threads")
 def test_a_kernel_with_a_large_product_chooses_and_keeps_its_results(monkeypatch):
     """Through the kernel's function table: the setter is called around the large

@@ -36,15 +36,12 @@ _TAGS = itertools.count(1)
 
 
 @pytest.fixture
-def two_threads(monkeypatch):
-    """Choosing on (as on a 2-core machine), a fresh table of eager choosers."""
+def two_threads(two_threads, monkeypatch):
+    """Choosing on (as on a 2-core machine: conftest's), a fresh table of eager
+    choosers."""
     monkeypatch.delenv("HYBRIDNET_BLAS_CHOICE", raising=False)
     monkeypatch.setattr(thread_choice, "_EAGER", {})
-    saved = blas._wide[0]
-    blas._wide[0] = 2
     yield
-    blas._wide[0] = saved
-    blas._set(1)
 
 
 class ModeClock:
