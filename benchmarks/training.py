@@ -130,8 +130,8 @@ def bench_w2(quick):
     labels = rng.integers(0, 10, BATCH)
     x, y = hn.from_numpy(a), hn.tensor(labels)
     times, notes = {}, []
-    for name, how in (("hn @trace on the whole step", "step"),
-                      ("hn @trace(backend='llvm') on the whole step", "llvm"),
+    for name, how in (("hn @trace on the whole step (llvm, the default)", "llvm"),
+                      ("hn @trace(backend='numba') on the whole step", "step"),
                       ("hn trace(model), eager loss/backward/step", "model"),
                       ("hn eager", None)):
         model = _hn_model()
@@ -158,7 +158,7 @@ def bench_w2(quick):
         times.update(_torch_rows(torch, a, labels, repeat))
     if jax is not None:
         times["jax.jit"] = _jax_row(jax, ws, a, labels, repeat)
-    base = times["hn @trace on the whole step"]
+    base = times["hn @trace on the whole step (llvm, the default)"]
     rows = [{"impl": k, "t": v, "ratio": v / base} for k, v in times.items()]
     print_table("W2: MLP training step, batch 64, 784-256-256-10, ReLU, cross-entropy, SGD "
                 "(float32; median per step)", rows,
