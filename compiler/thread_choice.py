@@ -8,8 +8,7 @@ language model's training step 1.23x faster than one thread; next to a busy proc
 made it 1.43x slower, as each threaded product waits for the neighbour's core. Which
 one holds changes while a program runs, so each such kernel measures it: its calls
 alternate the two modes for a few calls, then run the faster one (the lower median
-time), and compare again every `EVERY` calls (`EVERY_CLOSE` after a close comparison,
-which noise may have decided). Writing the setter word (zero: every
+time), and compare again every `EVERY` calls. Writing the setter word (zero: every
 product stays on one thread) flips the mode between calls, so the kernel's code is the
 same either way. The cost is a few calls in the slower mode per `EVERY`.
 
@@ -26,8 +25,6 @@ import time
 
 TRIAL = 3  # calls per mode in a comparison
 EVERY = 100  # calls in the chosen mode between comparisons
-EVERY_CLOSE = 20  # ... after a close one (a noisy machine can make 3 samples mislead)
-CLEAR = 1.25  # medians further apart than this: a clear comparison
 MARGIN = 0.95  # the other mode must be this much faster (its median) to be chosen
 
 
@@ -66,7 +63,6 @@ class ThreadChooser:
         self.last = None  # (median threaded, median one thread) of the last comparison
         self._times = ([], [])  # per mode (one thread, threaded): this comparison's times
         self._calls = 0  # calls since the last comparison ended
-        self._every = EVERY  # calls until the next comparison (fewer after a close one)
         self._trial = -1  # call index within a comparison; -1: none running (first: warm-up)
 
     def start(self) -> bool:
@@ -84,7 +80,7 @@ class ThreadChooser:
                 self._calls += 1
                 if self._calls == 1 and self.comparisons == 0:
                     return None  # (the first call: buffers and caches warm up)
-                if self.comparisons and self._calls <= self._every:
+                if self.comparisons and self._calls <= EVERY:
                     return None
                 self._trial = 0
                 self._times = ([], [])
@@ -113,7 +109,6 @@ class ThreadChooser:
             else:
                 self.threaded = wide < MARGIN * one
             self._set(self.threaded)
-            self._every = EVERY if max(one, wide) > CLEAR * min(one, wide) else EVERY_CLOSE
             self.comparisons += 1
             self._trial, self._calls = -1, 0
 

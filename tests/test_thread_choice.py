@@ -9,7 +9,7 @@ import pytest
 
 import hybridnet as hn
 from compiler import blas, thread_choice
-from compiler.thread_choice import EVERY, EVERY_CLOSE, TRIAL, KernelChooser
+from compiler.thread_choice import EVERY, TRIAL, KernelChooser
 
 SETTER = 12345
 
@@ -186,19 +186,3 @@ def test_shapes_are_forgotten_past_the_limit(monkeypatch):
     thread_choice.eager_chooser(arrays[3], arrays[3].T)  # (the fourth: forget, then add)
     assert len(thread_choice._EAGER) == 1
     assert thread_choice.eager_chooser(arrays[0], arrays[0].T) is not first
-
-
-def test_a_close_comparison_is_made_again_sooner():
-    """Medians within CLEAR of each other: noise may have decided, so the next comparison
-    comes after EVERY_CLOSE calls instead of EVERY; a clear one waits EVERY again."""
-    fns, ch = _chooser()
-    close = {True: 0.016, False: 0.0139}  # (a noisy machine: 15% apart)
-    _drive(ch, fns, close.get, 1 + 2 * TRIAL)
-    assert ch.threaded is False and ch.comparisons == 1
-    modes = _drive(ch, fns, close.get, EVERY_CLOSE + 1)
-    assert modes[:EVERY_CLOSE] == [False] * EVERY_CLOSE and modes[-1] is True  # (again)
-    clear = {True: 0.0207, False: 0.0128}
-    _drive(ch, fns, clear.get, 2 * TRIAL - 1)
-    assert ch.comparisons == 2 and ch.threaded is False
-    modes = _drive(ch, fns, clear.get, EVERY + 1)
-    assert modes[:EVERY] == [False] * EVERY and modes[-1] is True
