@@ -27,6 +27,7 @@ import hybridnet.nn as nn
 import hybridnet.nn.functional as F
 from compiler import blas, thread_choice
 from compiler.thread_choice import TRIAL, ThreadChooser
+from hybridnet.cli_bench import training_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TAGS = itertools.count(1)
@@ -126,6 +127,15 @@ def _arrays(seed, m=4096, k=256, n=256, order="C"):
     u = rng.standard_normal((n, 8)).astype(np.float32)
     return x, w, u
 
+
+
+def _llvm_case(seed, *sizes, **kw):
+    """_fn traced with the llvm backend on _arrays(seed, ...): (traced, f, the arrays as
+    tensors, the arrays, f's tag)."""
+    tag = next(_TAGS)
+    f = _fn(tag)
+    arrays = _arrays(seed, *sizes, **kw)
+    return hn.trace(f, backend="llvm"), f, [hn.tensor(a) for a in arrays], arrays, tag
 
 def _ref(x, w, u, tag):
     x, w, u = (a.astype(np.float64) for a in (x, w, u))
@@ -400,12 +410,8 @@ def test_compiled_kernel_bits_do_not_depend_on_the_mode(two_threads, monkeypatch
     depends on it". Every call of a comparison (threaded and one thread in turns) must
     give the same array, and equal eager's value within float32 tolerance."""
     _use_clock(monkeypatch, ModeClock(threaded=0.001, one=0.002))
-    tag = next(_TAGS)
-    f = _fn(tag)
-    x, w, u = _arrays(6, m, k, n)
+    traced, f, xs, (x, w, u), tag = _llvm_case(6, m, k, n)
     want = _ref(x, w, u, tag)
-    traced = hn.trace(f, backend="llvm")
-    xs = [hn.tensor(a) for a in (x, w, u)]
     with hn.no_grad():
         eager = f(*xs).numpy()
         outs = [traced(*xs).numpy() for _ in range(2 + 2 * TRIAL)]
@@ -434,11 +440,7 @@ def test_the_faster_mode_is_chosen_whatever_the_inputs_layout(two_threads, monke
     (hn_call) rejects the layout in microseconds and that rejection is timed as a call
     of the mode, then the converting path runs and is timed as the next turn."""
     _use_clock(monkeypatch, ScaledClock(slower=10.0))
-    tag = next(_TAGS)
-    f = _fn(tag)
-    x, w, u = _arrays(7, 1000, 512, 256, order=order)
-    traced = hn.trace(f, backend="llvm")
-    xs = [hn.tensor(a) for a in (x, w, u)]
+    traced, f, xs, (x, w, u), tag = _llvm_case(7, 1000, 512, 256, order=order)
     assert xs[0]._data.flags.c_contiguous is (order == "C")
     want = _ref(x, w, u, tag)
     with hn.no_grad():
@@ -455,11 +457,7 @@ def test_the_faster_mode_is_chosen_whatever_the_inputs_layout(two_threads, monke
 def test_a_call_the_kernel_rejects_is_not_a_timed_turn(two_threads):
     """A wrong-shaped input raises the ValueError it always did, and leaves the running
     comparison as it was (it ran no product: its microseconds are no sample of a mode)."""
-    tag = next(_TAGS)
-    f = _fn(tag)
-    x, w, u = _arrays(8)
-    traced = hn.trace(f, backend="llvm")
-    xs = [hn.tensor(a) for a in (x, w, u)]
+    traced, f, xs, (x, w, u), tag = _llvm_case(8)
     with hn.no_grad():
         traced(*xs)
         traced(*xs)  # (the kernel's first call: warm-up)
@@ -476,11 +474,7 @@ def test_a_call_the_kernel_rejects_is_not_a_timed_turn(two_threads):
 def test_errors_in_the_middle_of_a_comparison_leave_the_kernel_working(two_threads,
                                                                        monkeypatch):
     _use_clock(monkeypatch, ModeClock(threaded=0.002, one=0.001))
-    tag = next(_TAGS)
-    f = _fn(tag)
-    x, w, u = _arrays(9)
-    traced = hn.trace(f, backend="llvm")
-    xs = [hn.tensor(a) for a in (x, w, u)]
+    traced, f, xs, (x, w, u), tag = _llvm_case(9)
     with hn.no_grad():
         want = traced(*xs).numpy()
         traced(*xs)
@@ -504,11 +498,7 @@ def test_errors_in_the_middle_of_a_comparison_leave_the_kernel_working(two_threa
 
 def test_kernel_called_from_several_threads_while_comparing(two_threads, monkeypatch):
     monkeypatch.setattr(thread_choice, "EVERY", 2)
-    tag = next(_TAGS)
-    f = _fn(tag)
-    x, w, u = _arrays(10)
-    traced = hn.trace(f, backend="llvm")
-    xs = [hn.tensor(a) for a in (x, w, u)]
+    traced, f, xs, (x, w, u), tag = _llvm_case(10)
     with hn.no_grad():
         traced(*xs)
         want = traced(*xs).numpy()
@@ -550,11 +540,7 @@ def test_set_num_threads_one_keeps_compiled_products_on_one_thread(two_threads, 
             monkeypatch.delenv(key, raising=False)
     numba = sys.modules.get("numba")
     numba_threads = numba.get_num_threads() if numba is not None else None
-    tag = next(_TAGS)
-    f = _fn(tag)
-    x, w, u = _arrays(11)
-    traced = hn.trace(f, backend="llvm")
-    xs = [hn.tensor(a) for a in (x, w, u)]
+    traced, f, xs, (x, w, u), tag = _llvm_case(11)
     with hn.no_grad():
         traced(*xs)
         want = traced(*xs).numpy()
@@ -585,11 +571,7 @@ def test_set_num_threads_one_keeps_compiled_products_on_one_thread(two_threads, 
 
 def test_a_forked_child_after_a_comparison_computes_the_same(two_threads, monkeypatch):
     _use_clock(monkeypatch, ModeClock(threaded=0.001, one=0.002))
-    tag = next(_TAGS)
-    f = _fn(tag)
-    x, w, u = _arrays(12)
-    traced = hn.trace(f, backend="llvm")
-    xs = [hn.tensor(a) for a in (x, w, u)]
+    traced, f, xs, (x, w, u), tag = _llvm_case(12)
     rng = np.random.default_rng(12)
     ea = rng.standard_normal((512, 512)).astype(np.float32)
     eb = rng.standard_normal((512, 256)).astype(np.float32)
@@ -676,11 +658,7 @@ def test_disk_cached_kernels_and_the_size_rule_give_the_same_results(tmp_path):
 
 def test_explain_reports_the_choice_and_the_last_comparison(two_threads, monkeypatch):
     _use_clock(monkeypatch, ModeClock(threaded=0.002, one=0.001))
-    tag = next(_TAGS)
-    f = _fn(tag)
-    x, w, u = _arrays(14)
-    traced = hn.trace(f, backend="llvm")
-    xs = [hn.tensor(a) for a in (x, w, u)]
+    traced, f, xs, (x, w, u), tag = _llvm_case(14)
     with hn.no_grad():
         traced(*xs)  # (traced and compiled)
         traced(*xs)  # (warm-up)
@@ -721,14 +699,7 @@ def _mlp_twin(seed):
     hn.manual_seed(seed)
     model = nn.Sequential(nn.Linear(1000, 800), nn.Tanh(), nn.Linear(800, 10))
     opt = hn.optim.Adam(model.parameters(), lr=1e-3)
-
-    def step(x, y):
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-    return step, model, opt
+    return training_step(model, opt), model, opt
 
 
 def _mlp_state(model, opt):
