@@ -189,6 +189,8 @@ class LLVMKernel:
     `from_disk`: loaded from the disk cache; `keep`: what must stay alive for the code
     (the loaded library)."""
 
+    grows = False  # (its sizes are the traced ones)
+
     def __init__(self, program, address, phases, from_disk=False, optimized_ir=None,
                  keep=None):
         self.program = program
@@ -236,7 +238,10 @@ class LLVMKernel:
         switches = slot is not None and bool(self._fns[slot])
         self._large = bool(p.large_products) and not switches
         self._rows = int(getattr(p, "split_rows", 0))
-        self._chooser = KernelChooser(self._fns, slot) if switches and not self._rows and \
+        # (a kernel of exact sizes whose products are all small never switches: timing
+        # its calls would choose between two equal modes, at a few µs a call)
+        may_switch = switches and (bool(p.large_products) or self.grows)
+        self._chooser = KernelChooser(self._fns, slot) if may_switch and not self._rows and \
             choose_threads() else None
         self._same = list(p.same_as) or list(range(len(p.outputs)))
         self._status = int(getattr(p, "status", -1))
@@ -356,6 +361,8 @@ class SymKernel(LLVMKernel):
     temporary at n, checks the inputs against them and passes n in the buffer table's last
     slot. A length outside the kernel's bounds, or inputs that disagree on it, raise a
     ValueError starting "hn-loop" (the executor runs that call eagerly)."""
+
+    grows = True  # (a longer length than those traced may make a product large)
 
     def _prepare_layout(self):
         super()._prepare_layout()

@@ -120,6 +120,26 @@ def test_a_kernel_with_a_large_product_chooses_and_keeps_its_results(monkeypatch
     assert "BLAS threads: large products" in str(hn.explain(traced))
 
 
+@pytest.mark.usefixtures("two_threads")
+def test_a_kernel_of_small_products_only_does_not_time_its_calls(monkeypatch):
+    """Exact sizes, every product below LARGE_MACS: the kernel never switches threads,
+    so it gets no chooser (whose timing would cost every call a few µs for nothing);
+    a loop's kernel for every length keeps one, a longer length may be large."""
+    monkeypatch.delenv("HYBRIDNET_BLAS_CHOICE", raising=False)
+
+    def f(x, w):
+        return (x @ w).tanh() @ w.t()
+    x, w = hn.randn(32, 64), hn.randn(64, 64)
+    traced = hn.trace(f, backend="llvm")
+    with hn.no_grad():
+        for _ in range(3):
+            np.testing.assert_allclose(traced(x, w).numpy(), f(x, w).numpy(), rtol=1e-5,
+                                       atol=1e-5)
+    kernel = _kernel_of(traced)
+    assert kernel.program.uses_blas and not kernel.program.large_products
+    assert kernel.threads_choice is None and not kernel.grows
+
+
 def test_the_size_rule_alone_when_asked(monkeypatch):
     monkeypatch.setenv("HYBRIDNET_BLAS_CHOICE", "size")
     assert not thread_choice.choose_threads()
