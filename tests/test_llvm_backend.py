@@ -58,6 +58,25 @@ def test_ir_is_one_entry_with_noalias_buffers_and_inline_math():
     assert "<8 x float>" in ir_text or "<16 x float>" in ir_text or "<4 x float>" in ir_text
 
 
+def test_contiguous_copies_are_one_memmove_and_strided_ones_stay_loops():
+    """cat along dim 0 copies each (contiguous) input into a contiguous region of its
+    result: one llvm.memmove each; along dim 1 the regions are strided, and a transposed
+    input is too: index loops. Every result is eager's."""
+    a, b = hn.randn(6, 5), hn.randn(4, 5)
+    tf, out = traced_llvm(lambda x, y: hn.cat([x, y], 0) * 2.0 + 1.0, a, b)
+    assert tf.source.count('call void @"llvm.memmove') == 2 and compiled_by(tf)[0] == "llvm"
+    np.testing.assert_array_equal(out.numpy(), np.concatenate([a.numpy(), b.numpy()]) * 2 + 1)
+    c, at, bt = hn.randn(6, 3), hn.randn(5, 6), hn.randn(5, 4)
+    for f, args, want in (
+            (lambda x, y: hn.cat([x, y], 1) * 2.0, (a, c),
+             np.concatenate([a.numpy(), c.numpy()], 1) * 2),
+            (lambda x, y: hn.cat([x.t(), y.t()], 0) * 2.0, (at, bt),
+             np.concatenate([at.numpy().T, bt.numpy().T], 0) * 2)):
+        tf, out = traced_llvm(f, *args)
+        assert "llvm.memmove" not in tf.source, "strided regions or inputs need loops"
+        np.testing.assert_array_equal(out.numpy(), want)
+
+
 def test_op_lists_match_the_rule_tables():
     from compiler.lowering import llvm_nodes, llvm_program, llvm_scalar
     assert set(llvm_scalar.RULES) == llvm_program.SCALAR_OPS

@@ -288,7 +288,18 @@ class _Kernel:
         self.each(buf.shape, lambda idx: self.store(buf, idx, value))
 
     def copy(self, dst, src):
-        """dst[...] = src[...] elementwise (same shape; converts dtype)."""
+        """dst[...] = src[...] elementwise (same shape; converts dtype). Both contiguous,
+        of one dtype: one memmove, which compiles to a few instructions where an index
+        loop is vectorized with its remainder (a loop's per-step copies made a third of
+        an RNN kernel's IR)."""
+        if dst.dtype == src.dtype and dst.is_contiguous and src.is_contiguous:
+            size = math.prod(dst.shape) * dst.dtype.itemsize
+            if size:
+                move = self.module.declare_intrinsic("llvm.memmove", [I8P, I8P, I64])
+                self.b.call(move, [self.raw(dst), self.raw(src), I64(size),
+                                   ir.Constant(ir.IntType(1), 0)])
+            return
+
         def body(idx):
             v = S.convert(self.b, self.load(src, idx), src.dtype, dst.dtype)
             self.store(dst, idx, v)
