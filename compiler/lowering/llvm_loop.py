@@ -8,9 +8,10 @@ last step writes the first one whatever the parity). Per step the body gets poin
 carried values (the initial value at step 0, then one of two buffers that alternate, so
 a step never overwrites what it reads), the invariants, each sequence's slice (a pointer
 into the sequence when the slice is contiguous, else a copy), the loop's constants, its
-outputs (next carried values and one temporary per collected value) and its
-temporaries (reused every step). Collected values are then copied into their block of
-the collected output; a picked step's value into its own buffer.
+outputs (next carried values, and per collected value its block of the collected
+output where that block is contiguous, else a temporary copied into the block after the
+step) and its temporaries (reused every step); a picked step's value is copied into its
+own buffer.
 """
 
 import math
@@ -96,16 +97,22 @@ def emit_loop(em, node, emit):
             args.append(_seq_pointer(em, s, base, x, t))
         args += [em.raw(Buf(slot, np.dtype(np.uint8), (1,), (1,))) for slot in const_slots]
         args += [b.select(odd, em.raw(c1), em.raw(c0)) for c0, c1 in pairs]
-        args += [em.raw(o) for o in step_outs]
+        # (a collected value whose block of the output is contiguous is written there by
+        # the body; the others go through their temporary and a copy)
+        regions = {j: _block(em, spec.collects[j], out, step_outs[j].shape, t, trip)
+                   for j, out in collected.items()}
+        direct = {j: r for j, r in regions.items() if r.is_contiguous}
+        args += [em.raw(direct.get(j, o)) for j, o in enumerate(step_outs)]
         args += [em.raw(Buf(slot, np.dtype(np.uint8), (1,), (1,))) for slot in body_temps]
         for j, ptr in enumerate(args):
             b.store(ptr, b.gep(table, [I64(0), I64(j)]))
         b.call(body.fn, [b.bitcast(table, I8P.as_pointer()), em.fn.args[1], I64(0), I64(0)])
-        for j, out in collected.items():
-            _collect(em, spec.collects[j], out, step_outs[j], t, trip)
+        for j, region in regions.items():
+            if j not in direct:
+                em.copy(region, step_outs[j])
         for p, at, out in picks:
             with b.if_then(b.icmp_unsigned("==", t, I64(at))):
-                em.copy(out, step_outs[p.index])
+                em.copy(out, direct.get(p.index, step_outs[p.index]))
     for i in range(k):  # the final carried values: written by the last step
         if i in users:
             em.bufs[id(users[i])] = pairs[i][0]
@@ -129,18 +136,16 @@ def _seq_pointer(em, s, base, x, t):
     return em.raw(tmp)
 
 
-def _collect(em, collect, out, value, t, trip):
-    """Copy one step's value into its block of the collected output."""
+def _block(em, collect, out, shape, t, trip) -> Buf:
+    """Step t's block of a collected output (for a step value of `shape`)."""
     b = em.b
     block = b.sub(I64(trip - 1), t) if collect.reverse else t
     if collect.dim < 0:
-        offset = b.add(I64(out.offset), b.mul(block, I64(math.prod(value.shape))))
-        region = Buf(out.slot, out.dtype, value.shape, contiguous(value.shape), offset)
-    else:
-        width = value.shape[collect.dim]
-        offset = b.add(I64(out.offset), b.mul(block, I64(width * out.strides[collect.dim])))
-        region = Buf(out.slot, out.dtype, value.shape, out.strides, offset)
-    em.copy(region, value)
+        offset = b.add(I64(out.offset), b.mul(block, I64(math.prod(shape))))
+        return Buf(out.slot, out.dtype, shape, contiguous(shape), offset)
+    width = shape[collect.dim]
+    offset = b.add(I64(out.offset), b.mul(block, I64(width * out.strides[collect.dim])))
+    return Buf(out.slot, out.dtype, shape, out.strides, offset)
 
 
 def _body_const_slots(em, node, body) -> list:
