@@ -254,6 +254,35 @@ def test_an_in_place_update_of_a_saved_input_raises_as_eager():
         a.sum().backward()
 
 
+def test_a_traced_layer_keeps_its_weights_by_reference_not_copied_per_call():
+    """The backward reads the weights (the gradient of x @ w.t() needs w): the call keeps
+    the caller's array, version-checked, instead of a copy made by the forward kernel;
+    gradients are eager's, and a weight updated in place before backward() raises."""
+    hn.manual_seed(0)
+    layer = nn.Linear(6, 5)
+    x = hn.randn(4, 6, requires_grad=True)
+    traced = hn.trace(layer)
+    for _ in range(2):
+        out = traced(x)
+    saved = out.grad_fn.inputs[0].value if hasattr(out.grad_fn, "inputs") else None
+    assert saved is not None and any(a is layer.weight._data for a in saved)
+    spec = next(iter(traced.specializations.values()))
+    forward = spec.traces[0].result.optimized
+    assert not any(o.op == "input" for o in forward.outputs)  # (no output copies an input)
+    out.sum().backward()
+    want_w, want_x = layer.weight.grad.numpy().copy(), x.grad.numpy().copy()
+    layer.zero_grad()
+    x.grad = None
+    layer(x).sum().backward()
+    np.testing.assert_allclose(want_w, layer.weight.grad.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(want_x, x.grad.numpy(), rtol=1e-6)
+    out = traced(x)
+    with hn.no_grad():
+        layer.weight.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+        out.sum().backward()
+
+
 def test_hn_grad_through_a_traced_call():
     tf = hn.trace(_square_sum)
     x, w = _setup()

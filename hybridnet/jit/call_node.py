@@ -115,7 +115,9 @@ class CallRecord:
         call = CallNode("compiled_call", tuple([node_of(input_tensors[i])
                                                 for i in tg.grad_inputs]),
                         {}, (), None, True)
-        saved = call.value = tuple(outs[self.n_graph_out:])
+        sources = self.bwd.saved_sources
+        saved = call.value = tuple(outs[self.n_graph_out:]) if sources is None else \
+            tuple(outs[k] if k >= 0 else arrays[-1 - k] for k in sources)
         call.ref, call.call, call.done, call.walked = None, self, set(), set()
         call.replay = (arrays, _versions(input_tensors))
         # (this call's result shapes: with symbolic lengths, not always the trace's)

@@ -7,6 +7,7 @@ import time
 
 from compiler.autodiff import inputs_read_by_vjps, reaching
 from compiler.errors import LoweringError
+from compiler.ir import Graph
 from compiler.loop import is_loop
 from compiler.loop_hoist import hoist_products
 from compiler.partition import split_gradient
@@ -58,8 +59,11 @@ def compile_trace(tg, dynamic, backend="numba", lazy=False) -> CompileResult:
         _refuse_updated_saved_inputs(tg)
         wrt = [tg.graph.inputs[i] for i in tg.grad_inputs]
         split, report = split_gradient(tg.graph, wrt, tg.grad_results, tg.blocked)
-        forward = _hoisted(split.forward, report)
+        _hoisted(split.forward, report)
         _hoisted(split.backward, report)
+        read = inputs_read_by_vjps(tg.graph)
+        forward, saved_sources = _without_saved_inputs(split.forward, len(tg.graph.outputs),
+                                                    read)
     else:
         forward, report = optimize(reroll(tg.graph)[0])
         _hoisted(forward, report)
@@ -77,12 +81,32 @@ def compile_trace(tg, dynamic, backend="numba", lazy=False) -> CompileResult:
         n = len(split.backward.outputs)
         bexe, bkernel, bprogram, breused, bfallback = compile_graph(
             split.backward, dynamic, n, (), (), [True] * n, backend=backend, lazy=lazy)
-        result.backward = Backward(split, bexe, bkernel, bprogram, breused,
-                                   inputs_read_by_vjps(tg.graph), reach)
+        result.backward = Backward(split, bexe, bkernel, bprogram, breused, read, reach)
+        result.backward.saved_sources = saved_sources
         result.backward.fallback = bfallback
         result.backward.backend = "numba" if bfallback or backend == "numba" else backend
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _without_saved_inputs(forward, n_out, checked):
+    """`forward` without the saved values that are its own inputs eager's vjps read
+    (whose versions the call checks, so the backward may read the caller's array: a
+    traced layer's weights are not copied per call); returns (graph, sources): per saved
+    value, k >= 0 for output k of the graph returned, -1 - i for input i (None: every
+    saved value is an output, as in `forward`)."""
+    position = {id(n): i for i, n in enumerate(forward.inputs)}
+    keep, sources = list(forward.outputs[:n_out]), []
+    for node in forward.outputs[n_out:]:
+        i = position.get(id(node))
+        if i is not None and i in checked:
+            sources.append(-1 - i)
+        else:
+            sources.append(len(keep))
+            keep.append(node)
+    if len(keep) == len(forward.outputs):
+        return forward, None
+    return Graph(forward.nodes, forward.inputs, keep), sources
 
 
 def _hoisted(graph, report):
@@ -118,6 +142,10 @@ class Backward:
         # graph inputs eager's vjps would read (updated in place before the backward, it
         # raises as eager does)
         self.saved_inputs = saved_inputs
+        # per saved value, where a call finds it: k >= 0 the forward kernel's output k,
+        # -1 - i the call's input array i (compile._without_saved_inputs); None: the
+        # forward's outputs after the results, in order
+        self.saved_sources = None
         self.backend = "numba"  # the backend that compiled it
         self.fallback = None
 
