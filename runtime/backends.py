@@ -20,7 +20,7 @@ import time
 
 from compiler.errors import LoweringError
 from compiler.lowering.llvm_program import check_llvm_supported
-from compiler.lowering.node_rules import large_product
+from compiler.lowering.node_rules import any_large_product, large_product
 from compiler.lowering.numba_codegen import (
     PARALLEL_THRESHOLD,
     check_supported,
@@ -106,6 +106,7 @@ class LLVMBackend(Backend):
         if kernel is None:
             return None
         kernel.program.large_products = kernel.program.uses_blas and large_product(graph)
+        kernel.program.any_large = kernel.program.uses_blas and any_large_product(graph)
         kernel.refresh()
         return kernel, kernel.program
 
@@ -114,6 +115,7 @@ class LLVMBackend(Backend):
         start = time.perf_counter()
         program = lower_llvm(graph)
         program.large_products = program.uses_blas and large_product(graph)
+        program.any_large = program.uses_blas and any_large_product(graph)
         program.key = graph_key(graph)
         program.lower_seconds = time.perf_counter() - start
         return program

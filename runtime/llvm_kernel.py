@@ -238,9 +238,10 @@ class LLVMKernel:
         switches = slot is not None and bool(self._fns[slot])
         self._large = bool(p.large_products) and not switches
         self._rows = int(getattr(p, "split_rows", 0))
-        # (a kernel of exact sizes whose products are all small never switches: timing
-        # its calls would choose between two equal modes, at a few µs a call)
-        may_switch = switches and (bool(p.large_products) or self.grows)
+        # (a kernel of exact sizes whose BLAS calls are all small never switches: timing
+        # its calls would choose between two equal modes, at a few µs a call; a program
+        # that does not say, `any_large`, is assumed to switch)
+        may_switch = switches and (getattr(p, "any_large", True) or self.grows)
         self._chooser = KernelChooser(self._fns, slot) if may_switch and not self._rows and \
             choose_threads() else None
         self._same = list(p.same_as) or list(range(len(p.outputs)))

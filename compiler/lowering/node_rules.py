@@ -276,6 +276,12 @@ def large_product(graph) -> bool:
     return blas.kernel_is_large(_products(graph))
 
 
+def any_large_product(graph) -> bool:
+    """Does one of the graph's BLAS calls reach compiler.blas.LARGE_MACS (an llvm kernel
+    then switches BLAS's threads around it, whatever `large_product` says)?"""
+    return any(blas.macs(a, b) >= blas.LARGE_MACS for a, b in _products(graph))
+
+
 def _products(graph) -> list:
     """(a_shape, b_shape) of each BLAS call the graph's kernel makes (a batched product
     with a 2-D right operand is one call over all its rows, `_matmul`)."""
