@@ -132,11 +132,11 @@ def bench_w2(quick):
     times, notes = {}, []
     for name, how in (("hn @trace on the whole step (llvm, the default)", "llvm"),
                       ("hn @trace(backend='numba') on the whole step", "step"),
-                      ("hn trace(model), eager loss/backward/step", "model"),
+                      ("hn trace(model) (llvm), eager loss/backward/step", "model"),
                       ("hn eager", None)):
         model = _hn_model()
         opt = hn.optim.SGD(model.parameters(), lr=LR)
-        forward = hn.trace(model, backend="numba") if how == "model" else model
+        forward = hn.trace(model) if how == "model" else model
         step = training_step(forward, opt)
         if how in ("step", "llvm"):
             step = hn.trace(step, backend="numba" if how == "step" else "llvm")
