@@ -72,10 +72,9 @@ def _trace_lines(j, tr):
         lines.extend("       " + ln for ln in tr["loops"])
     bwd = tr.get("backward")
     if bwd:
-        kept = sum(v.endswith("not copied)") for v in bwd["saved"])
         lines.append(f"     backward (compiled{', kernel reused' if bwd['reused'] else ''}; "
                      f"the optimized graph above is the forward; {len(bwd['saved'])} "
-                     f"saved values, {kept} of them its own inputs, the rest returned by "
+                     f"saved values, {bwd['kept']} of them its own inputs, the rest returned by "
                      f"it too; {len(bwd['recomputed'])} values "
                      "recomputed in the backward instead of saved):")
         lines.extend(f"       saved: {v}" for v in bwd["saved"])
@@ -173,10 +172,11 @@ def _backward_dict(bwd):
         return None
     fwd = bwd.split.forward
     saved = fwd.outputs[len(fwd.outputs) - bwd.split.saved:]
-    return {"graph": str(bwd.split.backward),
+    kept = [k is not None and k < 0 for k in bwd.saved_sources or [None] * len(saved)]
+    return {"graph": str(bwd.split.backward), "kept": sum(kept),
             "saved": [f"{n.op} {n.type_str()}" + (
-                " (the call's own input array, not copied)" if k is not None and k < 0
-                else "") for n, k in zip(saved, bwd.saved_sources or [None] * len(saved))],
+                " (the call's own input array, not copied)" if own else "")
+                for n, own in zip(saved, kept)],
             "recomputed": [f"{n.op} {n.type_str()}" for n in bwd.split.recomputed or ()],
             "kernels": describe_units(bwd.program.units), "source": bwd.kernel.source,
             "reused": bwd.reused, "loops": describe_loops(bwd.split.backward),
