@@ -59,10 +59,12 @@ def test_a_loop_of_traced_steps_does_not_page_fault_its_heap_back():
 
 
 def test_the_environment_leaves_malloc_alone():
-    tuned, faults, _ = _loop("default")
+    """(This loop page-faulted its heap back 45,000 times in 2,000 steps under glibc's
+    own policy until stop 27; since traced calls keep their inputs instead of copying
+    them, it no longer does, so the count is no longer compared: the switch itself is.)"""
+    tuned, _, compiled = _loop("default")
     assert not tuned
-    # (glibc's own policy: it trims its heap top and faults it back, step after step)
-    assert faults > 1000, f"only {faults} page faults with glibc's defaults"
+    assert compiled >= 590  # (the loop ran its kernels)
 
 
 @pytest.mark.parametrize("value", ["", "1", "on"])
