@@ -30,6 +30,22 @@ def two_threads():
     blas._set(1)
 
 
+@pytest.fixture
+def thread_settings(monkeypatch):
+    """hn.set_num_threads's process-wide settings (its environment variables, Numba's
+    thread count) as they were before the test, afterwards."""
+    for key in ("HYBRIDNET_THREADS", "NUMBA_NUM_THREADS"):
+        if key in os.environ:
+            monkeypatch.setenv(key, os.environ[key])
+        else:
+            monkeypatch.delenv(key, raising=False)
+    numba = sys.modules.get("numba")
+    count = numba.get_num_threads() if numba is not None else None
+    yield
+    if numba is not None:
+        numba.set_num_threads(count)
+
+
 def pytest_terminal_summary(terminalreporter):
     """After twin-state tests ran (tests/test_state_twins.py): how many traced calls ran
     compiled, and why the others ran eagerly."""

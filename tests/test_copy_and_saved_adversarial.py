@@ -444,22 +444,10 @@ def test_rerolled_cell_gradients_for_every_length_equal_eager(cls, dim, reverse)
 
 
 @pytest.fixture
-def choosing(two_threads, monkeypatch):
+def choosing(two_threads, thread_settings, monkeypatch):
     """Two BLAS threads for large products (conftest's two_threads), choosing by timing
-    on; hn.set_num_threads's process-wide settings restored afterwards."""
-    import os
-    import sys
+    on; hn.set_num_threads's process-wide settings restored afterwards (thread_settings)."""
     monkeypatch.delenv("HYBRIDNET_BLAS_CHOICE", raising=False)
-    for key in ("HYBRIDNET_THREADS", "NUMBA_NUM_THREADS"):
-        if key in os.environ:
-            monkeypatch.setenv(key, os.environ[key])
-        else:
-            monkeypatch.delenv(key, raising=False)
-    numba = sys.modules.get("numba")
-    numba_threads = numba.get_num_threads() if numba is not None else None
-    yield
-    if numba is not None:
-        numba.set_num_threads(numba_threads)
 
 
 def _spy_setter(kernel):
@@ -593,6 +581,16 @@ def test_a_kernel_with_one_large_and_several_small_products_keeps_a_chooser(choo
 
 
 IN_PLACE = "modified by an in-place operation"
+
+
+def _backward_raised(out) -> bool:
+    """out.backward(); True when it raised eager's in-place error (any other raises)."""
+    try:
+        out.backward()
+    except RuntimeError as e:
+        assert IN_PLACE in str(e), str(e)
+        return True
+    return False
 _X = _rng(30).standard_normal((4, 6)).astype(np.float32)
 _W = _rng(31).standard_normal((5, 6)).astype(np.float32)
 
@@ -677,10 +675,7 @@ def _outcome(fn, mutate, x_rg=True, backend=None):
     ts = {"x": x, "w": w}
     out = fn(x, w)
     mutate(ts)
-    try:
-        (out.sum() if out.ndim else out).backward()
-    except RuntimeError as e:
-        assert IN_PLACE in str(e), str(e)
+    if _backward_raised(out.sum() if out.ndim else out):
         return "raised", None
     return "ok", [x.grad.numpy().copy() if x_rg else None, w.grad.numpy().copy()]
 
@@ -777,10 +772,7 @@ def test_one_tensor_passed_twice_and_an_input_viewing_another():
         if mutate:
             with hn.no_grad():
                 w[0, 0] = 9.0
-        try:
-            out.backward()
-        except RuntimeError as e:
-            assert IN_PLACE in str(e)
+        if _backward_raised(out):
             return "raised"
         return w.grad.numpy().copy()
     tf = hn.trace(f, backend="llvm")
@@ -1032,10 +1024,7 @@ def test_rerolled_loop_for_every_length_with_updates_before_backward(packed):
         reset()
         out = fn(items if packed else hn.tensor(xs_np), h)
         mutate(cell, head, h, items)
-        try:
-            out.backward()
-        except RuntimeError as e:
-            assert IN_PLACE in str(e)
+        if _backward_raised(out):
             return "raised", None
         return "ok", [h.grad.numpy().copy()] + [p.grad.numpy().copy() for p in
                                                 list(cell.parameters()) +
@@ -1081,10 +1070,7 @@ def test_a_0d_scale_and_int_indices_kept_by_reference():
         elif mutate == "numpy":
             idx.numpy()[0, 0] = 4
             s.detach().numpy()[...] = 1.25
-        try:
-            out.backward()
-        except RuntimeError as e:
-            assert IN_PLACE in str(e)
+        if _backward_raised(out):
             return "raised"
         return [table.grad.numpy().copy(), s.grad.numpy().copy()]
     tf = hn.trace(f, backend="llvm")
@@ -1169,10 +1155,7 @@ def test_a_grad_read_by_the_function_and_accumulated_into_before_backward():
             w.grad.numpy()[0, 1] = 5.0
         elif mode == "replace":
             w.grad = hn.ones(2, 3)
-        try:
-            out.backward()
-        except RuntimeError as e:
-            assert IN_PLACE in str(e)
+        if _backward_raised(out):
             return "raised"
         return x.grad.numpy().copy()
     tf = hn.trace(f, backend="llvm")

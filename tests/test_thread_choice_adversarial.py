@@ -528,18 +528,12 @@ def test_kernel_called_from_several_threads_while_comparing(two_threads, monkeyp
         np.testing.assert_array_equal(traced(*xs).numpy(), want)
 
 
-def test_set_num_threads_one_keeps_compiled_products_on_one_thread(two_threads, monkeypatch):
+def test_set_num_threads_one_keeps_compiled_products_on_one_thread(two_threads,
+                                                                    thread_settings):
     """hn.set_num_threads(1): "large matrix products run on n BLAS threads". A kernel
     compiled before must then not raise OpenBLAS to 2 threads around its large products;
     after set_num_threads(2) again results are unchanged."""
     import ctypes
-    for key in ("HYBRIDNET_THREADS", "NUMBA_NUM_THREADS"):
-        if key in os.environ:
-            monkeypatch.setenv(key, os.environ[key])
-        else:
-            monkeypatch.delenv(key, raising=False)
-    numba = sys.modules.get("numba")
-    numba_threads = numba.get_num_threads() if numba is not None else None
     traced, f, xs, (x, w, u), tag = _llvm_case(11)
     with hn.no_grad():
         traced(*xs)
@@ -563,8 +557,6 @@ def test_set_num_threads_one_keeps_compiled_products_on_one_thread(two_threads, 
     finally:
         ch.setter = real_setter
         ch._set(ch.current)
-        if numba is not None:
-            numba.set_num_threads(numba_threads)
     assert raised == [], f"after set_num_threads(1) the kernel set {len(raised)} products " \
                          f"to {sorted(set(raised))} BLAS threads"
 
