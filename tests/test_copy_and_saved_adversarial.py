@@ -583,6 +583,12 @@ def test_a_kernel_with_one_large_and_several_small_products_keeps_a_chooser(choo
 IN_PLACE = "modified by an in-place operation"
 
 
+def _fresh_xw():
+    """x and w (copies of _X and _W) as leaves requiring grad."""
+    return (hn.tensor(_X.copy(), requires_grad=True),
+            hn.tensor(_W.copy(), requires_grad=True))
+
+
 def _backward_raised(out) -> bool:
     """out.backward(); True when it raised eager's in-place error (any other raises)."""
     try:
@@ -715,8 +721,7 @@ def test_updates_between_forward_and_backward_behave_as_eager(func):
 
 def test_saved_inputs_are_the_callers_arrays_and_explain_marks_them():
     tf = _traced_warm(_mulsum)
-    x = hn.tensor(_X.copy(), requires_grad=True)
-    w = hn.tensor(_W.copy(), requires_grad=True)
+    x, w = _fresh_xw()
     out = tf(x, w)
     saved = out.grad_fn.inputs[0].value
     assert any(a is x._data for a in saved), "x is read by the vjps: kept by reference"
@@ -792,8 +797,7 @@ def test_several_calls_before_one_backward_with_updates_between():
     still works and out1's raises; with .data replaced between, each call's gradient
     uses the array it saw (as eager)."""
     def run(fn, how):
-        x = hn.tensor(_X.copy(), requires_grad=True)
-        w = hn.tensor(_W.copy(), requires_grad=True)
+        x, w = _fresh_xw()
         out1 = fn(x, w)
         if how == "inplace":
             with hn.no_grad():
@@ -821,8 +825,7 @@ def test_several_calls_before_one_backward_with_updates_between():
 
 def test_retain_graph_second_backward_then_an_update_raises():
     def run(fn):
-        x = hn.tensor(_X.copy(), requires_grad=True)
-        w = hn.tensor(_W.copy(), requires_grad=True)
+        x, w = _fresh_xw()
         out = fn(x, w).sum()
         out.backward(retain_graph=True)
         first = w.grad.numpy().copy()
@@ -849,8 +852,7 @@ def test_hn_grad_and_create_graph_through_saved_inputs_equal_eager():
         return ((x @ w.t()).tanh() * x.sum(1, keepdim=True)).sum()
 
     def run(fn, mode):
-        x = hn.tensor(_X.copy(), requires_grad=True)
-        w = hn.tensor(_W.copy(), requires_grad=True)
+        x, w = _fresh_xw()
         out = fn(x, w)
         if mode == "inplace":
             with hn.no_grad():
@@ -941,8 +943,7 @@ def test_numpy_writes_to_an_input_whose_view_is_saved_are_seen_as_eager():
         return (x * w[:4] * 1.5 + x).sum() + (w * w).sum()
 
     def run(fn):
-        x = hn.tensor(_X.copy(), requires_grad=True)
-        w = hn.tensor(_W.copy(), requires_grad=True)
+        x, w = _fresh_xw()
         out = fn(x, w)
         w.detach().numpy()[0, :] += 3.0
         out.backward()

@@ -688,7 +688,7 @@ import hashlib, sys
 import numpy as np
 import hybridnet as hn
 from hybridnet import nn
-import hybridnet.nn.functional as F
+from hybridnet.cli_bench import training_step
 from runtime import heap
 hn.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
@@ -697,13 +697,7 @@ rng = np.random.default_rng(1)
 x = hn.tensor(rng.standard_normal((32, 8)).astype(np.float32))
 y = hn.tensor(rng.integers(0, 3, 32))
 
-@hn.trace
-def step(x, y):
-    opt.zero_grad()
-    loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    opt.step()
-    return loss.detach()
+step = hn.trace(training_step(model, opt))
 
 cell = hn.trace(nn.RNNCell(8, 6))
 xs = hn.randn(5, 4, 8)
