@@ -11,10 +11,13 @@ for path in (HERE, ROOT):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-# Compiled kernels go to a fresh cache folder per test session, not ~/.cache.
+# Compiled kernels go to a fresh cache folder per test session, not ~/.cache; the folder
+# is removed when the session ends (pytest_unconfigure below).
+_OWN_CACHE = None
 if "HYBRIDNET_CACHE_DIR" not in os.environ:
     import tempfile
-    os.environ["HYBRIDNET_CACHE_DIR"] = tempfile.mkdtemp(prefix="hybridnet-test-cache-")
+    _OWN_CACHE = tempfile.mkdtemp(prefix="hybridnet-test-cache-")
+    os.environ["HYBRIDNET_CACHE_DIR"] = _OWN_CACHE
 
 from compiler import blas  # noqa: E402  (after the path and the cache folder above)
 
@@ -44,6 +47,13 @@ def thread_settings(monkeypatch):
     yield
     if numba is not None:
         numba.set_num_threads(count)
+
+
+def pytest_unconfigure(config):
+    """Remove this session's kernel cache folder (about 160 MB after a full run)."""
+    if _OWN_CACHE is not None:
+        import shutil
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
 def pytest_terminal_summary(terminalreporter):
