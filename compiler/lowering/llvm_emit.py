@@ -339,8 +339,21 @@ class _Kernel:
                       contiguous(shape))
             if out.op == "const" and not np.ndim(out.attrs["value"]):
                 self.fill(dst, S.constant(out.attrs["value"], out.dtype))
+            elif self.prefix != "hn" and self._same_bytes(dst, self.buffer(out)):
+                # (a loop may hand its body one block for a value it both carries and
+                # collects, llvm_loop._in_block: then there is nothing to copy)
+                src = self.buffer(out)
+                with self.b.if_then(self.b.icmp_unsigned("!=", self.raw(dst), self.raw(src))):
+                    self.copy(dst, src)
             else:
                 self.copy(dst, self.buffer(out))
+
+    @staticmethod
+    def _same_bytes(dst, src) -> bool:
+        """True when `dst` and `src` hold the same bytes if they start at one address
+        (both contiguous, one dtype, one size): a copy between them may be skipped."""
+        return dst.dtype == src.dtype and dst.is_contiguous and src.is_contiguous and \
+            math.prod(dst.shape) == math.prod(src.shape)
 
     def finish(self):
         self.end_part()
