@@ -56,6 +56,7 @@ def reroll(graph: Graph) -> tuple:
     finally:
         if outermost:  # (nested bodies reroll inside: the keys live until the end)
             _ATTR_KEYS.clear()
+            _SIGNATURES.clear()
             _OUTER[0] = False
 
 
@@ -90,7 +91,15 @@ def has_loops(graph: Graph) -> bool:
 
 def _signature(node) -> tuple:
     """What two steps' copies of a node share: op, attributes (a slice's starts aside),
-    type, and its operands' types."""
+    type, and its operands' types (kept per node while a reroll runs: a rewrite keeps
+    every operand's type)."""
+    hit = _SIGNATURES.get(id(node))
+    if hit is None or hit[0] is not node:
+        hit = _SIGNATURES[id(node)] = (node, _signature_of(node))
+    return hit[1]
+
+
+def _signature_of(node) -> tuple:
     if is_slice(node):
         attrs = tuple((b - a, c) for a, b, c in node.attrs["index"])
     else:
@@ -318,6 +327,7 @@ def _same_attrs(a, b) -> bool:
 # id(node) -> (node, its attributes' key): region searches ask the same nodes again (the
 # node is kept, so an id is never another node's while its entry lives; cleared by reroll)
 _ATTR_KEYS = {}
+_SIGNATURES = {}  # id(node) -> (node, its _signature), as _ATTR_KEYS
 _OUTER = [False]  # (inside a reroll call)
 
 
