@@ -9,10 +9,10 @@ carried values (the initial value at step 0, then one of two buffers that altern
 a step never overwrites what it reads; a carried value the body also collects into a
 contiguous block is that block instead, see _in_block), the invariants, each sequence's
 slice (a pointer into the sequence when the slice is contiguous, else a copy), the loop's
-constants, its outputs (next carried values, and per collected value its block of the collected
-output where that block is contiguous, else a temporary copied into the block after the
-step) and its temporaries (reused every step); a picked step's value is copied into its
-own buffer.
+constants, its outputs (next carried values, and per collected value its block of the
+collected output where that block is contiguous, else a temporary copied into the block
+after the step) and its temporaries (reused every step); a picked step's value is copied
+into its own buffer.
 """
 
 import math
@@ -140,10 +140,9 @@ def _in_block(spec, collected, step_outs) -> dict:
     outs, k = spec.body.outputs, spec.n_carried
     found = {}
     for i in range(k):
-        for j in collected:
-            if _regrouped(outs[k + j]) is outs[i] and _contiguous_block(spec.collects[j],
-                                                           collected[j],
-                                                           step_outs[j].shape):
+        for j, out in collected.items():
+            block = _contiguous_block(spec.collects[j], out, step_outs[j].shape)
+            if block and _regrouped(outs[k + j]) is outs[i]:
                 found[i] = j
                 break
     return found
