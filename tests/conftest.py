@@ -49,6 +49,26 @@ def thread_settings(monkeypatch):
         numba.set_num_threads(count)
 
 
+@pytest.fixture
+def in_block_spy(monkeypatch):
+    """The llvm_loop._in_block answers of every loop lowered in the test (no kernel
+    cache: a kernel another test compiled would be reused without lowering)."""
+    import compiler.lowering.llvm_loop as llvm_loop
+    import runtime.pipeline as pipeline
+    from runtime.cache import KernelCache
+    monkeypatch.setenv("HYBRIDNET_CACHE", "0")
+    monkeypatch.setattr(pipeline, "_KERNELS", KernelCache())
+    found = []
+    real = llvm_loop._in_block
+
+    def recording(*args):
+        out = real(*args)
+        found.append(out)
+        return out
+    monkeypatch.setattr(llvm_loop, "_in_block", recording)
+    return found
+
+
 def pytest_unconfigure(config):
     """Remove this session's kernel cache folder (about 160 MB after a full run)."""
     if _OWN_CACHE is not None:

@@ -4,39 +4,19 @@ llvm_emit's skipped output copy between one pointer.
 
 Oracles: eager hybridnet after every call (outputs, final states, parameter gradients,
 optimizer state and parameters after optimizer steps; results of earlier calls must not
-change); the calls ran compiled, the loops were rerolled, and a spy on _in_block says
+change); the calls ran compiled, the loops were rerolled, and a in_block_spy on _in_block says
 which loops took the path (a strided block must not).
 """
 
 import numpy as np
 import pytest
 
-import compiler.lowering.llvm_loop as llvm_loop
 import hybridnet as hn
 import hybridnet.nn as nn
 import hybridnet.nn.functional as F
-import runtime.pipeline as pipeline
-from runtime.cache import KernelCache
 
 LENGTHS = (9, 9, 13, 13, 20, 31, 7, 50, 5, 64)  # (repeats: exact kernels; then symbolic)
 EXACT = (9, 9, 13, 13)
-
-
-@pytest.fixture
-def spy(monkeypatch):
-    """The _in_block answers of every loop lowered (no kernel cache: a kernel another
-    test compiled would be reused without lowering)."""
-    monkeypatch.setenv("HYBRIDNET_CACHE", "0")
-    monkeypatch.setattr(pipeline, "_KERNELS", KernelCache())
-    found = []
-    real = llvm_loop._in_block
-
-    def recording(*args):
-        out = real(*args)
-        found.append(out)
-        return out
-    monkeypatch.setattr(llvm_loop, "_in_block", recording)
-    return found
 
 
 def _flat(out):
@@ -317,24 +297,24 @@ def _bound(name):
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
-def test_forward_at_every_length_matches_eager(spy, name):
+def test_forward_at_every_length_matches_eager(in_block_spy, name):
     fn, m, make = _bound(name)
     traced = _drive(fn, m.params, make, LENGTHS, False)
     assert traced.stats.compiled_calls >= 2, traced.stats
-    assert spy, "no loop was lowered"
+    assert in_block_spy, "no loop was lowered"
     in_block = SCENARIOS[name][1]
-    assert in_block is None or any(spy) == in_block, spy
+    assert in_block is None or any(in_block_spy) == in_block, in_block_spy
     if name in ("lstm_h_and_c", "two_carried_one_value"):  # (two carried values each)
-        assert any(len(found) == 2 for found in spy), spy
+        assert any(len(found) == 2 for found in in_block_spy), in_block_spy
 
 
 @pytest.mark.parametrize("name", sorted(n for n, s in SCENARIOS.items() if s[2]))
-def test_gradients_match_eager(spy, name):
+def test_gradients_match_eager(in_block_spy, name):
     fn, m, make = _bound(name)
     lengths = SCENARIOS[name][2]
     traced = _drive(fn, m.params, make, lengths, True)
     assert traced.stats.compiled_calls >= 2, traced.stats
-    assert any(spy), spy  # (forward or backward loops)
+    assert any(in_block_spy), in_block_spy  # (forward or backward loops)
     if lengths is LENGTHS:
         assert any(e.symbolic for e in traced.specializations.values()), traced.stats.events
         assert traced.stats.compiled_calls >= 6, traced.stats
@@ -342,7 +322,7 @@ def test_gradients_match_eager(spy, name):
 
 @pytest.mark.parametrize("kind,optimizer", [("rnn", "sgd"), ("lstm", "adam"),
                                             ("gru", "adam"), ("gru", "sgd")])
-def test_traced_training_steps_keep_the_eager_twin(spy, kind, optimizer):
+def test_traced_training_steps_keep_the_eager_twin(in_block_spy, kind, optimizer):
     """zero_grad, forward over every step (the gru backwards in time), backward and an
     optimizer step, all traced; an eager twin from the same seed gets the same data."""
     def make():
@@ -385,14 +365,14 @@ def test_traced_training_steps_keep_the_eager_twin(spy, kind, optimizer):
             for key in want:
                 _close([_array(state[key])], [_array(want[key])], 1e-4, 1e-7)
     assert traced.stats.compiled_calls >= 4, traced.stats
-    assert any(spy), spy
+    assert any(in_block_spy), in_block_spy
 
 
 def _array(value):
     return np.asarray(value.numpy() if hasattr(value, "numpy") else value)
 
 
-def test_wide_states_with_two_blas_threads(spy, two_threads):
+def test_wide_states_with_two_blas_threads(in_block_spy, two_threads):
     hn.manual_seed(12)
     cell = nn.GRUCell(32, 128)
 
@@ -403,10 +383,10 @@ def test_wide_states_with_two_blas_threads(spy, two_threads):
     traced = _drive(fn, list(cell.parameters()), make, (9, 9, 13, 13, 20, 31), False)
     traced = _drive(fn, list(cell.parameters()), make, (9, 9, 13), True)
     assert traced.stats.compiled_calls >= 1, traced.stats
-    assert any(spy), spy
+    assert any(in_block_spy), in_block_spy
 
 
-def test_returned_list_of_states_matches_eager(spy):
+def test_returned_list_of_states_matches_eager(in_block_spy):
     """Every step's state returned as its own result (no stack): each result is its own
     array, equal to eager's; the loop collects them apart from the carried state."""
     hn.manual_seed(13)
@@ -422,4 +402,4 @@ def test_returned_list_of_states_matches_eager(spy):
         first[0].add_(100.0)  # (a result is no view of another)
         want = fn(xs)
     _close([h.numpy() for h in first[1:]], [h.numpy() for h in want[1:]], 1e-5, 1e-6)
-    assert spy, "no loop was lowered"
+    assert in_block_spy, "no loop was lowered"

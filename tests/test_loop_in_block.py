@@ -3,28 +3,14 @@ step and returned for every step) is written once per step, into its block of th
 collected output, which the next step reads (compiler/lowering/llvm_loop.py, _in_block).
 
 Oracles: eager hybridnet (outputs, final state, parameter gradients) at every length, for
-the exact and the symbolic kernels; a spy on _in_block says which loops took the path.
+the exact and the symbolic kernels; a in_block_spy on _in_block says which loops took the path.
 """
 
 import numpy as np
 import pytest
 
-import compiler.lowering.llvm_loop as llvm_loop
 import hybridnet as hn
 import hybridnet.nn as nn
-
-
-@pytest.fixture
-def spy(monkeypatch):
-    found = []
-    real = llvm_loop._in_block
-
-    def recording(*args):
-        out = real(*args)
-        found.append(out)
-        return out
-    monkeypatch.setattr(llvm_loop, "_in_block", recording)
-    return found
 
 
 def _states(cell, xs, how):
@@ -58,7 +44,7 @@ def _check(traced, fn, cell, xs):
 
 
 @pytest.mark.parametrize("how", ["forward", "reversed", "dim1", "cat1"])
-def test_states_collected_and_carried_match_eager_at_every_length(spy, how):
+def test_states_collected_and_carried_match_eager_at_every_length(in_block_spy, how):
     hn.manual_seed(7)
     cell = nn.RNNCell(4, 5)
 
@@ -73,11 +59,11 @@ def test_states_collected_and_carried_match_eager_at_every_length(spy, how):
     assert any(e.symbolic for e in traced.specializations.values())
     # (the forward loop's blocks: contiguous, or strided when joined along dim 1, where
     # the state is carried apart; the backward's carried gradient may still take a block)
-    assert any(spy), spy
-    assert ({} in spy) == (how == "cat1"), (how, spy)
+    assert any(in_block_spy), in_block_spy
+    assert ({} in in_block_spy) == (how == "cat1"), (how, in_block_spy)
 
 
-def test_final_state_alone_is_carried_apart(spy):
+def test_final_state_alone_is_carried_apart(in_block_spy):
     hn.manual_seed(8)
     cell = nn.GRUCell(4, 5)
 
@@ -94,10 +80,11 @@ def test_final_state_alone_is_carried_apart(spy):
             np.testing.assert_allclose(traced(xs).numpy(), fn(xs).numpy(),
                                        rtol=1e-5, atol=1e-6)
     assert traced.stats.compiled_calls >= 3, traced.stats
-    assert spy and not any(spy), spy  # (nothing collected: no block to carry in)
+    # (nothing collected: no block to carry in)
+    assert in_block_spy and not any(in_block_spy), in_block_spy
 
 
-def test_a_state_collected_only_every_step_and_read_after_the_loop(spy):
+def test_a_state_collected_only_every_step_and_read_after_the_loop(in_block_spy):
     """The collected states and the final state both outlive the loop, the final one
     used after the collected output is dead (the final value is a copy of the last
     block, not a view of it)."""
@@ -115,4 +102,4 @@ def test_a_state_collected_only_every_step_and_read_after_the_loop(spy):
             for got, want in zip(traced(xs), fn(xs)):
                 np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
     assert traced.stats.compiled_calls >= 3, traced.stats
-    assert any(spy), spy
+    assert any(in_block_spy), in_block_spy

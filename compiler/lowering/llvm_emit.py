@@ -339,14 +339,15 @@ class _Kernel:
                       contiguous(shape))
             if out.op == "const" and not np.ndim(out.attrs["value"]):
                 self.fill(dst, S.constant(out.attrs["value"], out.dtype))
-            elif self.prefix != "hn" and self._same_bytes(dst, self.buffer(out)):
+                continue
+            src = self.buffer(out)
+            if self.prefix != "hn" and self._same_bytes(dst, src):
                 # (a loop may hand its body one block for a value it both carries and
                 # collects, llvm_loop._in_block: then there is nothing to copy)
-                src = self.buffer(out)
                 with self.b.if_then(self.b.icmp_unsigned("!=", self.raw(dst), self.raw(src))):
                     self.copy(dst, src)
             else:
-                self.copy(dst, self.buffer(out))
+                self.copy(dst, src)
 
     @staticmethod
     def _same_bytes(dst, src) -> bool:
