@@ -11,11 +11,13 @@ one of:
 - invariant: the same value outside the region at every step (weights);
 - a sequence: a slice of one outside value whose start moves by a fixed stride from
   step to step (`x[t]`, `x[:, t:t+1]`, or a value an earlier loop collected, read
-  back in reverse by a backward loop).
+  back in reverse by a backward loop), or single-input maps of such a slice made
+  before the steps (a backward's per-step gradient slices, reshaped: the step maps it).
 
 Values of a step used after the region are collected: the loop writes step k's value
-into block k of one output, laid out as the `cat` that used them builds it; other uses
-read their block back with a `slice`. Anything else (a step reading the step before
+into block k of one output, laid out as the `cat` that used them builds it (a cat of
+a run of them, `stack([h0] + hs[:-1])`, reads the slice that holds it); other uses read
+their block back with a `slice`. Anything else (a step reading the step before
 last, a per-step constant) leaves the region unrolled: rerolling never changes what
 the graph computes, only how it is laid out. Invariant pure values (a weight's
 transpose) are hoisted out of the steps first, so every step looks alike.
@@ -24,18 +26,22 @@ transpose) are hoisted out of the steps first, so every step looks alike.
 from collections import Counter
 
 from .ir import Graph, Node
-from .loop import Collect, LoopSpec, SeqIn, is_projection
-from .passes.cse import attr_key
+from .loop import LoopSpec, SeqIn
 from .passes.dce import DeadCodeElimination
 from .passes.manager import optimize
 from .registry import REGISTRY, Trait
 from .reroll_edits import (
+    ATTR_KEYS,
+    block_of,
+    cached_attrs_key,
     gather_scatters,
     hoist_invariants,
     is_slice,
+    layouts_of,
     merge_copies,
     moving_dim,
     pick_single_steps,
+    replace_cats,
 )
 from .reroll_peel import absorb_front
 
@@ -44,6 +50,7 @@ MIN_NODES = 8  # nor are regions of fewer nodes rerolled
 MIN_WORK = 4  # nor steps of fewer nodes (slices aside): a loop costs a call per step
 MAX_PERIODS = 8  # candidate periods tried per region search
 MAX_LOOPS = 8  # loops made per graph
+MAX_MAPS = 4  # maps applied to a sequence's read before the steps (see _mapped_read)
 
 
 def reroll(graph: Graph) -> tuple:
@@ -55,8 +62,9 @@ def reroll(graph: Graph) -> tuple:
         return _reroll(graph)
     finally:
         if outermost:  # (nested bodies reroll inside: the keys live until the end)
-            _ATTR_KEYS.clear()
+            ATTR_KEYS.clear()
             _SIGNATURES.clear()
+            _INTERNED.clear()
             _OUTER[0] = False
 
 
@@ -89,13 +97,14 @@ def has_loops(graph: Graph) -> bool:
 # ---- finding a region -------------------------------------------------------------------
 
 
-def _signature(node) -> tuple:
+def _signature(node) -> int:
     """What two steps' copies of a node share: op, attributes (a slice's starts aside),
-    type, and its operands' types (kept per node while a reroll runs: a rewrite keeps
-    every operand's type)."""
+    type, and its operands' types, as a number (kept per node while a reroll runs: a
+    rewrite keeps every operand's type)."""
     hit = _SIGNATURES.get(id(node))
     if hit is None or hit[0] is not node:
-        hit = _SIGNATURES[id(node)] = (node, _signature_of(node))
+        sig = _signature_of(node)
+        hit = _SIGNATURES[id(node)] = (node, _INTERNED.setdefault(sig, len(_INTERNED)))
     return hit[1]
 
 
@@ -103,7 +112,7 @@ def _signature_of(node) -> tuple:
     if is_slice(node):
         attrs = tuple((b - a, c) for a, b, c in node.attrs["index"])
     else:
-        attrs = _attrs_key(node)
+        attrs = cached_attrs_key(node)
     ins = tuple((tuple(i.shape), i.dtype.str) for i in node.inputs)
     return (node.op, attrs, tuple(node.shape), node.dtype.str, ins)
 
@@ -185,8 +194,7 @@ def _find_region(g: Graph):
     """The best region to reroll: of the longest periodic run that has one, the step
     rotation and trim that leave the most nodes in the loop (then the fewest carried)."""
     seq = [n for n in g.nodes if not n.is_source]
-    table = {}
-    ids = [table.setdefault(_signature(n), len(table)) for n in seq]
+    ids = [_signature(n) for n in seq]
     for _, start, p, length in _candidates(ids)[:MAX_PERIODS * 2]:
         best = None
         for r in _rotations(seq, start, p, length):
@@ -321,22 +329,12 @@ def _maps(us, column) -> bool:
 
 
 def _same_attrs(a, b) -> bool:
-    return a is b or _attrs_key(a) == _attrs_key(b)
+    return a is b or cached_attrs_key(a) == cached_attrs_key(b)
 
 
-# id(node) -> (node, its attributes' key): region searches ask the same nodes again (the
-# node is kept, so an id is never another node's while its entry lives; cleared by reroll)
-_ATTR_KEYS = {}
-_SIGNATURES = {}  # id(node) -> (node, its _signature), as _ATTR_KEYS
+_SIGNATURES = {}  # id(node) -> (node, its _signature), as reroll_edits.ATTR_KEYS
+_INTERNED = {}  # signature -> its number
 _OUTER = [False]  # (inside a reroll call)
-
-
-def _attrs_key(node) -> tuple:
-    hit = _ATTR_KEYS.get(id(node))
-    if hit is None or hit[0] is not node:
-        hit = _ATTR_KEYS[id(node)] = (node, tuple(sorted(
-            (k, attr_key(v)) for k, v in node.attrs.items())))
-    return hit[1]
 
 
 def _add_seq(r, found) -> int:
@@ -370,9 +368,30 @@ def _classify(r, pos, column):
     if all(v is column[0] for v in column):
         return ("inv", column[0])
     found = _progression(column)
-    if found is None or _rest(column[0], found[1]) is not None:
+    if found is None:
+        return _mapped_read(r, column)
+    if _rest(column[0], found[1]) is not None:
         return None
     return ("seq", _add_seq(r, found))
+
+
+def _mapped_read(r, column):
+    """A step's read of its sequence made before the steps (a backward's per-step
+    gradient slices, reshaped, all made at once by cat's vjp): per step, a chain of
+    single-input pure maps (the same ops and attributes) applied to a slice of a
+    sequence. The step then reads the sequence and applies the maps itself."""
+    maps = []
+    while all(not n.is_source and len(n.inputs) == 1 and not is_slice(n) and
+              REGISTRY[n.op].has(Trait.PURE) and _same_attrs(n, column[0]) and
+              _signature(n) == _signature(column[0]) for n in column):
+        maps.append(column[0])
+        column = [n.inputs[0] for n in column]
+        if len(maps) > MAX_MAPS:
+            return None
+    found = _progression(column) if maps else None
+    if found is None or _rest(column[0], found[1]) is not None:
+        return None
+    return ("mapped", (_add_seq(r, found), tuple(maps[::-1])))
 
 
 # ---- rewriting ----------------------------------------------------------------------------
@@ -391,7 +410,7 @@ def _rewrite(g: Graph, r: _Region) -> Node:
                 outside.add((k, j))
     finals = {j2: c for c, (j2, _) in enumerate(r.carried)}
     collected = sorted({j for k, j in outside if not (k == trips - 1 and j in finals)})
-    layouts = _layouts(g, steps, collected, members)
+    layouts = layouts_of(g, steps, collected, members)
     body, invariants, raw = _body(r, collected)
     spec = LoopSpec(body, len(r.carried), len(invariants), [s for _, s in r.seqs],
                     [layouts[j] for j in collected], trips)
@@ -407,12 +426,12 @@ def _rewrite(g: Graph, r: _Region) -> Node:
         if k == trips - 1 and j in finals:
             replace[id(steps[k][j])] = outs[finals[j]]
     column_of = {j: outs[len(r.carried) + i] for i, j in enumerate(collected)}
-    whole = _replace_cats(g, steps, column_of, layouts, members)
+    whole = replace_cats(g, steps, column_of, layouts, members, new_nodes)
     for k, j in sorted(outside):
         n = steps[k][j]
         if id(n) in replace:
             continue
-        block = _block(column_of[j], layouts[j], k, trips, n)
+        block = block_of(column_of[j], layouts[j], k, trips, n)
         new_nodes.extend(block)
         replace[id(n)] = block[-1]
     first = next(i for i, n in enumerate(g.nodes) if id(n) in members)
@@ -431,74 +450,6 @@ def _rewrite(g: Graph, r: _Region) -> Node:
     return loop
 
 
-def _layouts(g, steps, collected, members) -> dict:
-    """How each collected value is laid out: along the dim of a cat that joins every
-    step's value in order (or in reverse), else along dim 0 (a new axis for 0-d values)."""
-    layouts = {}
-    for j in collected:
-        order = [id(step[j]) for step in steps]
-        shape = steps[0][j].shape
-        layouts[j] = Collect(0) if len(shape) else Collect(-1)
-        for n in g.nodes:
-            if not REGISTRY[n.op].joins or id(n) in members:
-                continue
-            ids = [id(i) for i in n.inputs]
-            for rev, want in ((False, order), (True, order[::-1])):
-                if _run_at(ids, want) is not None:
-                    layouts[j] = Collect(n.attrs["dim"], rev)
-                    break
-            else:
-                continue
-            break
-    return layouts
-
-
-def _run_at(ids, want):
-    """Where `want` appears as a contiguous run in `ids`, or None."""
-    n = len(want)
-    for i in range(len(ids) - n + 1):
-        if ids[i:i + n] == want:
-            return i
-    return None
-
-
-def _replace_cats(g, steps, column_of, layouts, members) -> dict:
-    """Cats that join a collected value's steps in its layout take the loop's output
-    instead (id(cat) -> its replacement when nothing else is left to join)."""
-    whole = {}
-    for n in g.nodes:
-        if not REGISTRY[n.op].joins or id(n) in members:
-            continue
-        for j, out in column_of.items():
-            layout = layouts[j]
-            if layout.dim != n.attrs["dim"]:
-                continue
-            order = [id(step[j]) for step in steps]
-            ids = [id(i) for i in n.inputs]
-            at = _run_at(ids, order[::-1] if layout.reverse else order)
-            if at is None:
-                continue
-            n.inputs = n.inputs[:at] + (out,) + n.inputs[at + len(order):]
-            ids = [id(i) for i in n.inputs]
-        if len(n.inputs) == 1 and is_projection(n.inputs[0]):
-            whole[id(n)] = n.inputs[0]
-    return whole
-
-
-def _block(out, layout, k, trips, node) -> list:
-    """Nodes reading step k's value back from a collected output."""
-    b = trips - 1 - k if layout.reverse else k
-    if layout.dim < 0:
-        index = ((b, b + 1, 1),) + tuple((0, s, 1) for s in out.shape[1:])
-        piece = Node("slice", (out,), {"index": index}, (1,) + tuple(node.shape), node.dtype)
-        return [piece, Node("reshape", (piece,), {"shape": tuple(node.shape)},
-                            tuple(node.shape), node.dtype)]
-    w = node.shape[layout.dim]
-    index = tuple((b * w, (b + 1) * w, 1) if d == layout.dim else (0, s, 1)
-                  for d, s in enumerate(out.shape))
-    return [Node("slice", (out,), {"index": index}, tuple(node.shape), node.dtype)]
-
-
 def _body(r, collected) -> tuple:
     """The body graph (one step, from step 0's nodes) and the loop's invariant inputs."""
     step = r.steps[0]
@@ -506,7 +457,7 @@ def _body(r, collected) -> tuple:
     invariants, inv_nodes = [], {}
     seqs = [Node("input", (), {}, _step_shape(b, s), b.dtype) for b, s in r.seqs]
     consts = {}
-    clones = []
+    clones, reads = [], []  # (reads: the maps of "mapped" slots, before every clone)
     for j, n in enumerate(step):
         if j in r.seq_nodes:
             which, rest = r.seq_nodes[j]
@@ -522,6 +473,8 @@ def _body(r, collected) -> tuple:
                 ins.append(carried[what])
             elif kind == "seq":
                 ins.append(seqs[what])
+            elif kind == "mapped":
+                ins.append(_apply_maps(seqs[what[0]], what[1], reads))
             elif what.op == "const":
                 ins.append(consts.setdefault(id(what), Node(
                     "const", (), dict(what.attrs), tuple(what.shape), what.dtype)))
@@ -533,10 +486,19 @@ def _body(r, collected) -> tuple:
         clones.append(Node(n.op, tuple(ins), dict(n.attrs), tuple(n.shape), n.dtype))
     inputs = carried + [inv_nodes[id(v)] for v in invariants] + seqs
     outputs = [clones[j2] for j2, _ in r.carried] + [clones[j] for j in collected]
-    nodes = inputs + list(consts.values()) + [c for c in clones if c.op != "input"]
+    nodes = inputs + list(consts.values()) + reads + [c for c in clones if c.op != "input"]
     raw = Graph(nodes, inputs, outputs)
     body, _ = optimize(reroll(raw)[0])  # (nested repetitions)
     return body, invariants, raw
+
+
+def _apply_maps(node, maps, made) -> Node:
+    """The recorded single-input `maps` (first first) applied to `node` in the body (the
+    new nodes appended to `made`)."""
+    for m in maps:
+        node = Node(m.op, (node,), dict(m.attrs), tuple(m.shape), m.dtype)
+        made.append(node)
+    return node
 
 
 def _step_shape(base, seq) -> tuple:

@@ -1,17 +1,19 @@
 """The graph edits around loop rerolling (`compiler.reroll`): before the region search,
 each step's copies of invariant values are merged and hoisted and per-step scatters into
-one gradient are gathered; after it, single steps read back from a collected output
+one gradient are gathered; while a loop node is made, the cats that join its steps' values
+take its collected outputs; after it, single steps read back from a collected output
 become picked outputs of their loop.
 """
 
 from .ir import Graph, Node
-from .loop import Pick, is_loop, is_projection, traced_trip
-from .passes.cse import node_key
+from .loop import Collect, Pick, is_loop, is_projection, traced_trip
+from .passes.cse import attrs_key, node_key
 from .passes.dce import DeadCodeElimination
 from .passes.rewrite import rewrite_graph
 from .registry import REGISTRY, Trait
 
 MIN_PIECES = 3  # scatter chains of fewer pieces stay as they are
+MIN_RUN = 3  # a cat of fewer consecutive steps keeps them apart (reroll.MIN_TRIPS)
 
 
 def is_slice(node) -> bool:
@@ -36,6 +38,20 @@ def moving_dim(indexes):
     return d
 
 
+# id(node) -> (node, its attributes' key): region searches ask the same nodes again (the
+# node is kept, so an id is never another node's while its entry lives; compiler.reroll
+# clears it when its outermost call ends)
+ATTR_KEYS = {}
+
+
+def cached_attrs_key(node) -> tuple:
+    """passes.cse.attrs_key(node), kept in ATTR_KEYS."""
+    hit = ATTR_KEYS.get(id(node))
+    if hit is None or hit[0] is not node:
+        hit = ATTR_KEYS[id(node)] = (node, attrs_key(node))
+    return hit[1]
+
+
 def merge_copies(g: Graph) -> None:
     """CSE, except for array constants: each step's copy of an invariant value (a weight's
     transpose) becomes one value, while equal initial states (h = zeros(...) and c =
@@ -45,7 +61,7 @@ def merge_copies(g: Graph) -> None:
     def first_of(node):
         if not REGISTRY[node.op].has(Trait.PURE) or (node.op == "const" and node.shape):
             return None
-        first = seen.setdefault(node_key(node), node)
+        first = seen.setdefault(node_key(node, cached_attrs_key), node)
         return None if first is node else first
     rewrite_graph(g, first_of)
 
@@ -223,3 +239,96 @@ def _step_of(node, spec, c, src):
     block = a // width
     trips = src.shape[collect.dim] // width
     return trips - 1 - block if collect.reverse else block
+
+
+# ---- the collected outputs of a new loop node (compiler.reroll._rewrite) --------------
+
+
+def layouts_of(g, steps, collected, members) -> dict:
+    """How each collected value is laid out: along the dim of a cat that joins every
+    step's value in order (or in reverse), else of one that joins a run of at least
+    MIN_RUN of them (the states before each step, h0 then h1 .. h[T-1]), else along
+    dim 0 (a new axis for 0-d values)."""
+    layouts = {}
+    cats = [n for n in g.nodes if REGISTRY[n.op].joins and id(n) not in members]
+    for j in collected:
+        shape = steps[0][j].shape
+        layouts[j] = Collect(0) if len(shape) else Collect(-1)
+        step_of = {id(step[j]): k for k, step in enumerate(steps)}
+        runs = [(_longest_run(n.inputs, step_of), n) for n in cats]
+        runs = [(run, n) for run, n in runs if run is not None]
+        if runs:
+            (_, a, b, rev), cat = max(runs, key=lambda rn: rn[0][2] - rn[0][1])
+            layouts[j] = Collect(cat.attrs["dim"], rev)
+    return layouts
+
+
+def _longest_run(inputs, step_of):
+    """(position, first step, last step + 1, reversed) of the longest run of inputs that
+    are consecutive steps' values (in order, or in reverse), at least MIN_RUN long."""
+    best, i, n = None, 0, len(inputs)
+    while i < n:
+        k = step_of.get(id(inputs[i]))
+        nxt = step_of.get(id(inputs[i + 1])) if k is not None and i + 1 < n else None
+        d = 0 if nxt is None else 1 if nxt == k + 1 else -1 if nxt == k - 1 else 0
+        if not d:
+            i += 1
+            continue
+        j = i + 1
+        while j < n and step_of.get(id(inputs[j])) == k + d * (j - i):
+            j += 1
+        if j - i >= MIN_RUN and (best is None or j - i > best[2] - best[1]):
+            lo = k if d > 0 else k - (j - i - 1)
+            best = (i, lo, lo + j - i, d < 0)
+        i = j
+    return best
+
+
+def replace_cats(g, steps, column_of, layouts, members, made) -> dict:
+    """Cats that join a run of a collected value's steps in its layout take the loop's
+    output (or the slice of it that holds those steps: new nodes appended to `made`)
+    instead (id(cat) -> its replacement when nothing else is left to join)."""
+    whole, trips = {}, len(steps)
+    for n in g.nodes:
+        if not REGISTRY[n.op].joins or id(n) in members:
+            continue
+        for j, out in column_of.items():
+            layout = layouts[j]
+            if layout.dim != n.attrs["dim"] or layout.dim < 0:
+                continue
+            run = _longest_run(n.inputs, {id(step[j]): k for k, step in enumerate(steps)})
+            if run is None or run[3] != layout.reverse:
+                continue
+            at, a, b, _ = run
+            part = out
+            if (a, b) != (0, trips):
+                part = _blocks(out, layout, a, b, trips, steps[0][j])
+                made.append(part)
+            n.inputs = n.inputs[:at] + (part,) + n.inputs[at + b - a:]
+        if len(n.inputs) == 1 and is_projection(n.inputs[0]):
+            whole[id(n)] = n.inputs[0]
+    return whole
+
+
+def _blocks(out, layout, a, b, trips, node) -> Node:
+    """A slice of collected output `out` holding steps a .. b-1 (in its layout's order)."""
+    lo, hi = (trips - b, trips - a) if layout.reverse else (a, b)
+    w = node.shape[layout.dim]
+    index = tuple((lo * w, hi * w, 1) if d == layout.dim else (0, s, 1)
+                  for d, s in enumerate(out.shape))
+    shape = tuple(e[1] - e[0] for e in index)
+    return Node("slice", (out,), {"index": index}, shape, node.dtype)
+
+
+def block_of(out, layout, k, trips, node) -> list:
+    """Nodes reading step k's value back from a collected output."""
+    b = trips - 1 - k if layout.reverse else k
+    if layout.dim < 0:
+        index = ((b, b + 1, 1),) + tuple((0, s, 1) for s in out.shape[1:])
+        piece = Node("slice", (out,), {"index": index}, (1,) + tuple(node.shape), node.dtype)
+        return [piece, Node("reshape", (piece,), {"shape": tuple(node.shape)},
+                            tuple(node.shape), node.dtype)]
+    w = node.shape[layout.dim]
+    index = tuple((b * w, (b + 1) * w, 1) if d == layout.dim else (0, s, 1)
+                  for d, s in enumerate(out.shape))
+    return [Node("slice", (out,), {"index": index}, tuple(node.shape), node.dtype)]

@@ -17,11 +17,12 @@ class Outcome:
     """What running a compiled trace gave: `kind` is one of RESULT, SIDE_EXIT, STALE
     (a guard on state failed: trace again), ALIASED (an in-place update would write
     memory another input shares), FAILED (the backend rejected the code; `value` says
-    why); for RESULT `value` is the result."""
+    why), PROBE (a length its kernels were not confirmed for: trace it to confirm them,
+    `value` the hybridnet.jit.dynamic.Hull); for RESULT `value` is the result."""
 
     __slots__ = ("kind", "value")
-    RESULT, SIDE_EXIT, STALE, ALIASED, FAILED = "result", "side_exit", "stale", "aliased", \
-        "failed"
+    RESULT, SIDE_EXIT, STALE, ALIASED, FAILED, PROBE = "result", "side_exit", "stale", \
+        "aliased", "failed", "probe"
 
     def __init__(self, kind: str, value=None):
         self.kind, self.value = kind, value

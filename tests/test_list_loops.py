@@ -72,7 +72,8 @@ def test_a_cell_over_a_list_trains_as_eagerly_for_lengths_1_to_40_with_one_compi
     # one forward and one backward loop kernel compiled for every length
     assert _loop_compiles(traced) == 2, stats
     assert any(e["kind"] == "generalize" for e in stats.events), stats.events
-    assert stats.compiled_calls >= len(lengths) - 12, stats
+    # (and lengths beyond those confirmed are traced once to confirm: dynamic.Hull)
+    assert stats.compiled_calls >= len(lengths) - 12 - stats.probes, stats
 
 
 def test_inference_over_lists_in_random_order_compiles_once():
@@ -90,7 +91,8 @@ def test_inference_over_lists_in_random_order_compiles_once():
     assert _loop_compiles(traced) == 1, traced.stats
     assert len(traced.specializations) <= EXACT_LENGTHS, traced.stats
     # (each length before the trip count is symbolic is traced, and runs eagerly)
-    assert traced.stats.compiled_calls >= len(lengths) - 1 - EXACT_LENGTHS
+    assert traced.stats.compiled_calls >= len(lengths) - 1 - EXACT_LENGTHS - \
+        traced.stats.probes
 
 
 def test_explain_names_the_list_argument_and_its_symbolic_length():
@@ -150,7 +152,7 @@ def test_a_list_in_a_dict_argument_is_packed_too():
     traced = hn.trace(f)
     rng = np.random.default_rng(5)
     with hn.no_grad():
-        for steps in (10, 14, 10, 23, 31):
+        for steps in (10, 14, 10, 23, 31, 14, 20):  # (31: a probe, dynamic.Hull)
             batch = {"xs": _items(rng, steps), "scale": 2.0}
             np.testing.assert_allclose(traced(batch).numpy(), f(batch).numpy(), rtol=1e-5,
                                        atol=1e-6)
@@ -210,7 +212,7 @@ def test_a_list_that_grows_between_calls_is_read_afresh():
     rng = np.random.default_rng(6)
     xs = _items(rng, 8)
     with hn.no_grad():
-        for _ in range(6):
+        for _ in range(10):  # (12..15 are probes, dynamic.Hull; 16.. run compiled)
             xs.append(hn.tensor(rng.standard_normal((3, 4)).astype(np.float32)))
             xs[2].mul_(0.5)
             np.testing.assert_allclose(traced(xs).numpy(), _over_list(cell, xs).numpy(),

@@ -60,7 +60,8 @@ def test_two_lengths_compile_exactly_then_one_generic_kernel_serves_the_rest(cls
     traces = traced.stats.traces
     for steps in (31, 20, 9, 13, 50, 13):  # (no new trace: the generic kernel)
         call(steps)
-    assert traced.stats.traces == traces, traced.stats
+    stats = traced.stats  # (31 and 50: probes, traced once to confirm: dynamic.Hull)
+    assert stats.traces - stats.probes == traces and stats.probes == 2, stats
     assert len(traced.specializations) == 1
 
 
@@ -106,3 +107,30 @@ def test_a_fixed_length_training_step_never_waits_for_numba():
     assert result.backend == "llvm" and result.fallback is None
     assert any(n.op == "loop" for n in result.optimized.nodes)
     assert traced.stats.compiled_calls >= 3
+
+
+def test_lengths_beyond_the_traced_ones_are_probed_then_trusted():
+    """A length outside those the kernels for every length were made from is traced once
+    and compared (dynamic.Hull); after four confirmed on one side, the lengths beyond run
+    compiled unprobed. A cap Python computed, xs[:min(n, 12)], is confirmed at 12 and
+    refuted at the first probe past it, 13: from there on those lengths run eagerly."""
+    from hybridnet.jit.dynamic import TRUST
+    hn.manual_seed(4)
+    cell = nn.RNNCell(4, 5)
+    traced = hn.trace(lambda xs: _over(cell, xs))
+    capped = hn.trace(lambda xs: _over(cell, xs[:min(xs.shape[0], 12)]))
+    rng = np.random.default_rng(4)
+    with hn.no_grad():
+        for steps in (9, 10, 11) + tuple(range(12, 22)) + (40, 10, 13, 30):
+            xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
+            for fn in (traced, capped):
+                np.testing.assert_allclose(fn(xs).numpy(), fn.fn(xs).numpy(), rtol=1e-5,
+                                           atol=1e-6, err_msg=f"{steps} steps")
+    stats = traced.stats
+    assert stats.probes == TRUST, stats.events  # (12, 13, 14 and 15)
+    assert stats.compiled_calls == 10, stats  # (16..21, 40, 30 unprobed; 10, 13 inside)
+    assert "confirmed for 9..15" in str(hn.explain(traced))
+    kinds = [e["kind"] for e in capped.stats.events]
+    assert "generalize" in kinds and kinds.count("probe") == 2, capped.stats.events
+    assert "side_exit" in kinds  # (14.. and 40, 30: beyond the refuted 13)
+    assert "13 and above run eagerly" in str(hn.explain(capped))

@@ -218,7 +218,7 @@ def test_a_traced_lstm_step_trains_as_eagerly_over_lengths_with_one_compile(back
     rnn_a, _, step_a = _lstm_step(layers=layers, mean=mean)
     rnn_b, _, step_b = _lstm_step(layers=layers, mean=mean)
     traced = hn.trace(step_a, backend=backend)
-    for i, n in enumerate([9, 9, 12, 20, 15, 31, 10]):
+    for i, n in enumerate([9, 9, 12, 20, 15, 31, 10, 25]):  # (llvm: 31 is a probe)
         x = _x(n, 2, 3, seed=10 + i)
         got, want = traced(x).item(), step_b(x).item()
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
@@ -227,7 +227,7 @@ def test_a_traced_lstm_step_trains_as_eagerly_over_lengths_with_one_compile(back
                                        err_msg=name)
     # (llvm: calls 1-4 make the state, then trace three lengths; numba generalizes from
     # two)
-    assert traced.stats.compiled_calls == (3 if backend == "llvm" else 4)
+    assert traced.stats.compiled_calls == (3 if backend == "llvm" else 5)
     assert len(traced.specializations) == 1
     report = next(iter(traced.specializations.values())).traces[0].result.pass_report
     assert any(r["name"] == "loop_hoist" and r["changed"] for r in report)

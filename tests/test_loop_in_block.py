@@ -52,7 +52,7 @@ def test_states_collected_and_carried_match_eager_at_every_length(in_block_spy, 
         return _states(cell, xs, how)
     traced = hn.trace(fn)
     rng = np.random.default_rng(7)
-    for steps in (9, 13, 20, 31, 9, 50, 6):
+    for steps in (9, 13, 20, 31, 9, 50, 6, 15, 25, 40):  # (31, 50, 6: probes)
         xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
         _check(traced, fn, cell, xs)
     assert traced.stats.compiled_calls >= 4, traced.stats
@@ -75,7 +75,7 @@ def test_final_state_alone_is_carried_apart(in_block_spy):
     traced = hn.trace(fn)
     rng = np.random.default_rng(8)
     with hn.no_grad():
-        for steps in (9, 13, 20, 31, 7, 64):
+        for steps in (9, 13, 20, 31, 7, 64, 15, 25, 40):  # (31, 64: probes)
             xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
             np.testing.assert_allclose(traced(xs).numpy(), fn(xs).numpy(),
                                        rtol=1e-5, atol=1e-6)
@@ -97,7 +97,7 @@ def test_a_state_collected_only_every_step_and_read_after_the_loop(in_block_spy)
     traced = hn.trace(fn)
     rng = np.random.default_rng(9)
     with hn.no_grad():
-        for steps in (9, 13, 20, 31, 40, 5):
+        for steps in (9, 13, 20, 31, 40, 5, 15, 25, 35):  # (31, 40: probes)
             xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
             for got, want in zip(traced(xs), fn(xs)):
                 np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)

@@ -267,7 +267,7 @@ def test_traced_loop_over_xs_t_with_changing_lengths_forward_and_backward():
         tf = jit(f)
         w, u = hn.tensor(w0, requires_grad=True), hn.tensor(u0, requires_grad=True)
         obs = []
-        for k, n in enumerate((5, 6, 7, 8, 3, 12, 5, 9)):
+        for k, n in enumerate((5, 6, 7, 8, 3, 12, 5, 9, 10)):  # (12: a probe)
             xs = hn.tensor(_arr((n, 2, 3), 10 + k), requires_grad=k % 2 == 0)
             out = tf(xs, w, u)
             (out * out).sum().backward()

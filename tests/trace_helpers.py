@@ -32,3 +32,26 @@ def same_loss_and_grads(traced, module, *args):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     for a, b in zip(got_grads, want_grads):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def flat_outputs(out) -> list:
+    """The tensors of a (nested) tuple or list of results, in order."""
+    if isinstance(out, (tuple, list)):
+        return [y for x in out for y in flat_outputs(x)]
+    return [out]
+
+
+def weighted_call(f, params, args, grad):
+    """(outputs, their values, `params`' gradients) of `f(*args)`; with `grad`, after
+    backward() from the sum of each output squared times its position + 1 (grads zeroed
+    first), else under no_grad."""
+    for p in params:
+        p.grad = None
+    if grad:
+        outs = flat_outputs(f(*args))
+        sum((o * o).sum() * float(i + 1) for i, o in enumerate(outs)).backward()
+    else:
+        with hn.no_grad():
+            outs = flat_outputs(f(*args))
+    grads = [None if p.grad is None else p.grad.numpy().copy() for p in params]
+    return outs, [o.detach().numpy().copy() for o in outs], grads

@@ -449,8 +449,9 @@ def _count(nodes, ns, users):
     """The Affine a 0-d float constant follows at every length when it is a count of its
     graph, else None: a whole number c beside a sum whose reduced dims hold c (+ 1: var's
     correction) elements at every length (a mean's count), or whose quotient is broadcast
-    into c (+ 1) elements, or exactly 1 / c where the value it multiplies holds c (+ 1)
-    elements (the mean's gradient, folded).
+    into c (+ 1) elements or c (+ 1) copies (a mean over the steps' gradient), or exactly
+    1 / c where the value it multiplies holds c (+ 1) elements (the mean's gradient,
+    folded).
     Lowered as the integer converted, or 1 / it (see `_line`). A float Python computed
     from the length otherwise (`min(n, 8)`, `n % 7` where it happens to look affine) has
     no such witness, and keeps a kernel per length."""
@@ -477,8 +478,10 @@ def _witnessed(const, users, c, inverse) -> set:
     for user in users.get(id(const), ()):
         sizes = [math.prod([r.inputs[0].shape[d] for d in r.attrs["dims"]])
                  for r in user.inputs if _is_sum(r)]
-        sizes += [math.prod(b.shape) for b in _moved(user, users)
-                  if REGISTRY[b.op].has(Trait.BROADCAST)]
+        for b in _moved(user, users):  # (its elements, and the copies it makes: a
+            if REGISTRY[b.op].has(Trait.BROADCAST):  # mean(0)'s g / n expanded n times)
+                size = math.prod(b.shape)
+                sizes += [size, size // max(1, math.prod(b.inputs[0].shape))]
         if inverse:
             sizes.append(math.prod(user.shape))
         found.update(size - c for size in sizes if size - c in (0, 1))

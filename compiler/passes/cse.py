@@ -44,14 +44,20 @@ def const_key(node: Node) -> tuple:
     return ("const", arr.dtype.str, arr.shape, arr.tobytes())
 
 
-def node_key(node: Node) -> tuple:
-    """Key under which two pure nodes compute the same value."""
+def attrs_key(node: Node) -> tuple:
+    """Key of a node's attributes: equal exactly when they are (see attr_key)."""
+    return tuple(sorted((k, attr_key(v)) for k, v in node.attrs.items()))
+
+
+def node_key(node: Node, attrs_of=attrs_key) -> tuple:
+    """Key under which two pure nodes compute the same value (`attrs_of(node)`: its
+    attributes' key, which a caller may have cached)."""
     if node.op == "const":
         return const_key(node)
     ids = [id(i) for i in node.inputs]
     if REGISTRY[node.op].has(Trait.COMMUTATIVE):
         ids.sort()
-    attrs = tuple(sorted((k, attr_key(v)) for k, v in node.attrs.items()))
+    attrs = attrs_of(node)
     return (node.op, tuple(ids), attrs, tuple(node.shape), node.dtype.str)
 
 

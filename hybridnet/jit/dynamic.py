@@ -10,11 +10,19 @@ symbolic: keys and guard functions ignore them from then on, so
 every later length (also one never seen) runs the same compiled code. `trace(fn,
 dynamic=False)` keeps every length a specialization of its own.
 
-What the evidence cannot see: Python code that branches on a sequence's length other
-than by looping over it (`if len(xs) > 50: ...`), or computes a value from it that came
-out the same at every traced length, takes that branch and value at every length. Such
-functions should pass `dynamic=False`. (Values that differ between the traced lengths
-keep them exact: runtime.pipeline.symbolic_kernel compares the graphs' attributes.)
+What the evidence cannot see at the lengths traced: Python code that computes a size or
+a value from the sequence's length, `range(min(n, 20))`, `hs[:min(n, 20)]`, `x / min(n,
+20)`, or branches on it (`if len(xs) > 50: ...`), may look like sizes that follow the
+length at every traced length. So the llvm kernels for every length serve the lengths
+between the least and the largest traced only (Hull); a call of another length is a
+probe: traced (it runs eagerly), its graph compared with the three the kernels were made
+from, and the hull grows to it, or it and the lengths beyond run eagerly. After four
+probes confirmed on one side, the lengths beyond are served without one: a cap further
+out than every probe goes unseen, as does a size that agrees with the length at every
+traced length but not between them (`2 * (n // 2)` traced at even lengths); numba's
+size-generic specializations are not probed. Such functions should pass `dynamic=False`.
+(Values that differ between the traced lengths keep them exact: runtime.pipeline.
+symbolic_kernel compares the graphs' attributes.)
 """
 
 
@@ -22,8 +30,11 @@ import copy
 
 from compiler.errors import LoweringError
 from compiler.loop import is_loop, traced_trip
+from compiler.lowering.llvm_sym import Bounds, SymbolicError
+from compiler.passes.manager import optimize
+from compiler.reroll import reroll
 from runtime.backends import get_backend
-from runtime.executor import Executable
+from runtime.executor import SIDE_EXIT, Executable, Outcome
 from runtime.pipeline import program_key, symbolic_kernel
 
 
@@ -213,7 +224,99 @@ def symbolic_result(results, tgs, ns):
     tops = [p.max_n for p in programs if p.max_n is not None]
     res.lengths = (max(p.min_n for p in programs), min(tops) if tops else None)
     res.traced_at = sorted(ns)
+    res.graphs = [[r.optimized for r in results]] + (
+        [[r.backward.split.backward for r in results]] if base.backward is not None else [])
     return res
+
+
+TRUST = 4  # probes confirmed on one side of a Hull before lengths beyond it are served
+
+
+class Hull:
+    """The lengths of symbolic dim `d` of flat argument `i` that a specialization's
+    kernels for every length were confirmed for: from the least to the largest length
+    traced (at first, the three `ns` they were made from, traced as `tgs`). Their graphs
+    agreeing at three lengths does not tell `range(n)` from `range(min(n, 20))` traced at
+    9, 13 and 20, nor `hs[:-1]` from `hs[:min(n, 20) - 1]`: so a call of a length outside
+    is a probe, traced (it runs eagerly) and compared with them (`confirms`). Confirmed,
+    the hull grows to it; refuted, that length and those beyond it run eagerly (`below`,
+    `above`). After TRUST probes confirmed on one side, the lengths beyond that side are
+    served unprobed (a cap further out than every length probed goes unseen)."""
+
+    def __init__(self, i, d, ns, tgs, graphs):
+        self.i, self.d = i, d
+        self.lo, self.hi = min(ns), max(ns)
+        self.below = self.above = None  # (refuted lengths: those at or beyond run eagerly)
+        self.ns, self.tgs, self.graphs = list(ns), tgs, graphs
+        self.interface = _interface(tgs[0])
+        self.forwards = None  # (the traces' graphs rerolled and optimized, once probed)
+        self.confirmed = [0, 0]  # (probes confirmed below lo, above hi)
+
+    def check(self, flat, exe):
+        """None when the call's length is inside (or on a trusted side); else a PROBE
+        Outcome, or SIDE_EXIT (with `exe.last_exit` saying why) at or beyond a length a
+        probe refuted."""
+        n = flat[self.i]._data.shape[self.d]
+        if self.lo <= n <= self.hi:
+            return None
+        side = int(n > self.hi)
+        if (self.below is None or n > self.below) and (self.above is None or n < self.above):
+            return Outcome(Outcome.PROBE, self) if self.confirmed[side] < TRUST else None
+        exe.last_exit = ("error", "ValueError", f"hn-loop: size {n} of tensor argument "
+                         f"{self.i} is beyond the lengths {self.lo}..{self.hi} its kernels "
+                         "were confirmed for")
+        return SIDE_EXIT
+
+    def settle(self, n, why) -> None:
+        """Take the verdict of the probe at length n: `why` None (confirmed), else refuted."""
+        if why is None:
+            self.confirmed[int(n > self.hi)] += 1
+            self.lo, self.hi = min(self.lo, n), max(self.hi, n)
+        elif n > self.hi:
+            self.above = n if self.above is None else min(self.above, n)
+        else:
+            self.below = n if self.below is None else max(self.below, n)
+        if all(c >= TRUST or wall == edge for c, wall, edge in zip(
+                self.confirmed, (self.below, self.above), (self.lo - 1, self.hi + 1))):
+            self.tgs = self.graphs = self.forwards = None  # (no probe is left to compare)
+
+    def confirms(self, tg, n, compiled):
+        """None when `tg` (traced at length n) makes the graphs the kernels' traces predict
+        at n (compiler.lowering.llvm_sym.Bounds.walk over all of them); else why not.
+        What Python computed from the length is in the traced graph itself, rerolled and
+        optimized; only when those of the kernels' own traces do not agree (reroll chose
+        otherwise at one length) are the compiled graphs compared, `compiled()` giving
+        the probe's CompileResult."""
+        if _interface(tg) != self.interface:
+            return "its inputs, outputs or guards differ"
+        if self.forwards is None:
+            self.forwards = [_rerolled(t) for t in self.tgs]
+            if _disagree([self.forwards], self.ns):
+                self.forwards = False
+        if self.forwards:
+            return _disagree([self.forwards + [_rerolled(tg)]], self.ns + [n])
+        result = compiled()
+        graphs = [result.optimized] + ([result.backward.split.backward]
+                                       if result.backward is not None else [])
+        if len(graphs) != len(self.graphs):
+            return "its results carry gradients where the others' did not"
+        return _disagree([known + [g] for known, g in zip(self.graphs, graphs)],
+                         self.ns + [n])
+
+
+def _rerolled(tg):
+    return optimize(reroll(tg.graph)[0])[0]
+
+
+def _disagree(families, ns):
+    """Why the graphs of some family (one per length of `ns`) are not one graph but for
+    sizes affine in the length, or None."""
+    for graphs in families:
+        try:
+            Bounds().walk(graphs, ns)
+        except SymbolicError as exc:
+            return str(exc)
+    return None
 
 
 def _with_kernel(exe, kernel):

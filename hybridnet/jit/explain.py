@@ -95,11 +95,21 @@ def _spec_dict(spec) -> dict:
     metas = spec.key[1] if isinstance(spec.key, tuple) and len(spec.key) > 1 else ()
     inputs = ", ".join(describe_meta(m) for m in metas)
     least = {(i, d): m for t in spec.traces for i, d, m in t.min_sizes}
+    hulls = {(h.i, h.d): h for t in spec.traces for h in [t.hull] if h is not None}
     symbolic = "; ".join(describe_dim(metas, i, d) + (
-        f" (sizes below {least[(i, d)]} run eagerly)" if (i, d) in least else "")
+        f" (sizes below {least[(i, d)]} run eagerly)" if (i, d) in least else "") +
+        (_hull_text(hulls[(i, d)]) if (i, d) in hulls else "")
         for i, d in sorted(spec.symbolic))
     return {"inputs": f"({inputs})", "fallback": spec.fallback, "symbolic": symbolic,
             "traces": [_trace_dict(t) for t in spec.traces]}
+
+
+def _hull_text(hull) -> str:
+    """What dynamic.Hull confirmed: the lengths served, probed beyond."""
+    refuted = [f"{n} and above" for n in [hull.above] if n is not None] + \
+        [f"{n} and below" for n in [hull.below] if n is not None]
+    return (f" (confirmed for {hull.lo}..{hull.hi}; other lengths are probed first" +
+            (f"; {', '.join(refuted)} run eagerly" if refuted else "") + ")")
 
 
 def _trace_dict(tr) -> dict:

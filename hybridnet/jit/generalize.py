@@ -11,6 +11,7 @@ import time
 
 from .compile import LoweringError, compile_trace
 from .dynamic import (
+    Hull,
     differing_dims,
     exact,
     least_sizes,
@@ -20,7 +21,8 @@ from .dynamic import (
     trip_dims,
 )
 from .guards import make_guard
-from .keys import describe_dim
+from .keys import describe_dim, module_key
+from .pytree import Unsupported, flatten
 from .run import Trace
 
 # Lengths a rerolled loop is compiled for exactly by an exact-shape backend (llvm: well
@@ -97,11 +99,14 @@ class Generalizing:
         """Merge `entry` and two specializations of other lengths of the same dim, all
         compiled exactly by llvm, into one llvm kernel for every length (dynamic.
         symbolic_result); False when they make none (numba's size-generic code then)."""
-        same = [(o, d) for o, d in pairs if d == pairs[0][1] and exact(o.traces[0])][:2] \
+        same = [(o, d) for o, d in pairs if d == pairs[0][1] and exact(o.traces[0])] \
             if pairs else []
         if len(same) < 2:
             return False
         (i0, d0), = same[0][1]
+        # (the two longest: a short length may trace another structure, a loop too short
+        # to reroll between steps the code picks; a failed merge then waits for a longer)
+        same = sorted(same, key=lambda od: -od[0].key[1][i0][0][d0])[:2]
         traces = [o.traces[0] for o, _ in same] + [mine]
         ns = [k[1][i0][0][d0] for k in [o.key for o, _ in same] + [entry.key]]
         start = time.perf_counter()
@@ -122,7 +127,34 @@ class Generalizing:
         theirs.min_sizes = tuple((i, d, max(m, least) if (i, d) == (i0, d0) else m)
                                  for i, d, m in theirs.min_sizes)
         theirs.max_sizes = () if most is None else ((i0, d0, most),)
+        theirs.hull = Hull(i0, d0, ns, [t.tg for t in traces], res.graphs)
         return True
+
+    def _probe(self, entry, hull, flat, args, kwargs):
+        """A call of a length outside those `hull`'s kernels for every length were
+        confirmed for: traced (so it runs eagerly) and compared with them (dynamic.Hull)."""
+        n = flat[hull.i]._data.shape[hull.d]
+        try:
+            flat, spec = flatten((args, kwargs), module_key=module_key, packs=entry.packs)
+            result, tg = self._record(flat, args, kwargs, self._key(flat, spec))
+        except Unsupported as exc:
+            result, tg = self.fn(*args, **kwargs), exc
+        if isinstance(tg, Exception):
+            why = str(tg)
+        else:
+            try:
+                why = hull.confirms(tg, n, lambda: compile_trace(tg, False, self.backend,
+                                                                 lazy=True))
+            except LoweringError as exc:
+                why = str(exc)
+        hull.settle(n, why)
+        self.stats.eager_calls += 1
+        self.stats.probes += 1
+        self.stats.event("probe", f"length {n} traced to confirm the kernels for every "
+                         "length: " + ("confirmed" if why is None else
+                                       f"refuted ({why}); it and the lengths beyond run "
+                                       "eagerly"))
+        return result
 
     def _adopt(self, entry, other, dims, theirs, args, kwargs):
         """`other` (now running `theirs`) serves the lengths of `entry` too: its sizes at

@@ -32,6 +32,7 @@ class Trace:
         self._targets = frozenset(t for _, t in tg.writebacks)
         self.min_sizes = ()  # (flat index, dim, least size) once its lengths are symbolic
         self.max_sizes = ()  # (flat index, dim, largest size) its kernels serve
+        self.hull = None  # (dynamic.Hull: the lengths its symbolic kernels were confirmed for)
         self._simple = all(s.kind == "arg" for s in tg.sources) and not tg.checks and \
             not tg.randoms  # (a draw nothing uses must still move the generator)
         self._arg_index = [s.index for s in tg.sources]
@@ -100,7 +101,7 @@ class Trace:
         back) once its kernel is compiled: gather, call, wrap."""
         exe = self.result.executable
         if not (self._simple and self._single and exe.plain and exe.single and
-                not self.tg.version_bumps):
+                not self.tg.version_bumps and self.hull is None):
             return None
         fn, index, stats = self.result.kernel.fn, self._arg_index, self.stats
         result = Outcome.RESULT
@@ -124,6 +125,10 @@ class Trace:
                     "error", "ValueError", f"hn-loop: size {flat[i]._data.shape[d]} of "
                     f"tensor argument {i} is above the {most} its kernels serve")
                 return SIDE_EXIT
+        if self.hull is not None:
+            out = self.hull.check(flat, self.result.executable)
+            if out is not None:
+                return out
         arrays = self.gather(flat)
         if arrays is None:
             return STALE

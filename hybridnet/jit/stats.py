@@ -14,6 +14,7 @@ class Stats:
     slow_lookups: int = 0  # calls no generated guard accepted (flatten + key)
     misses: int = 0
     side_exits: int = 0
+    probes: int = 0  # calls of a new length traced to confirm kernels for every length
     traces: int = 0
     compiles: int = 0
     kernel_reuses: int = 0
@@ -37,5 +38,6 @@ class Stats:
     def __str__(self) -> str:
         return (f"calls={self.calls} compiled={self.compiled_calls} eager={self.eager_calls} "
                 f"hits={self.hits} misses={self.misses} side_exits={self.side_exits} "
+                f"probes={self.probes} "
                 f"compiles={self.compiles} reuses={self.kernel_reuses} "
                 f"fallbacks={self.fallbacks} compile_s={self.compile_seconds:.3f}")

@@ -323,6 +323,8 @@ class TracedFunction(Generalizing):
                 continue
             if kind is Outcome.STALE:
                 return self._stale_trace(entry, trace, flat, args, kwargs)
+            if kind is Outcome.PROBE:
+                return self._probe(entry, out.value, flat, args, kwargs)
             if kind is Outcome.ALIASED:
                 return self._eager(args, kwargs, "an in-place update writes memory that "
                                    "another input of this call shares; this call runs eagerly")
