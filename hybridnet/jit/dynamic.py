@@ -240,8 +240,9 @@ class Hull:
     9, 13 and 20, nor `hs[:-1]` from `hs[:min(n, 20) - 1]`: so a call of a length outside
     is a probe, traced (it runs eagerly) and compared with them (`confirms`). Confirmed,
     the hull grows to it; refuted, that length and those beyond it run eagerly (`below`,
-    `above`). After TRUST probes confirmed on one side, the lengths beyond that side are
-    served unprobed (a cap further out than every length probed goes unseen)."""
+    `above`). After TRUST probes confirmed on one side, and none refuted there, the
+    lengths beyond that side are served unprobed (a cap further out than every length
+    probed goes unseen)."""
 
     def __init__(self, i, d, ns, tgs, graphs):
         self.i, self.d = i, d
@@ -260,8 +261,11 @@ class Hull:
         if self.lo <= n <= self.hi:
             return None
         side = int(n > self.hi)
-        if (self.below is None or n > self.below) and (self.above is None or n < self.above):
-            return Outcome(Outcome.PROBE, self) if self.confirmed[side] < TRUST else None
+        wall = (self.below, self.above)[side]
+        if wall is None or (n > wall if side == 0 else n < wall):
+            # (a side with a refuted length is never trusted: its cap lies before it)
+            return None if self.confirmed[side] >= TRUST and wall is None else \
+                Outcome(Outcome.PROBE, self)
         exe.last_exit = ("error", "ValueError", f"hn-loop: size {n} of tensor argument "
                          f"{self.i} is beyond the lengths {self.lo}..{self.hi} its kernels "
                          "were confirmed for")
@@ -276,7 +280,7 @@ class Hull:
             self.above = n if self.above is None else min(self.above, n)
         else:
             self.below = n if self.below is None else max(self.below, n)
-        if all(c >= TRUST or wall == edge for c, wall, edge in zip(
+        if all(c >= TRUST and wall is None or wall == edge for c, wall, edge in zip(
                 self.confirmed, (self.below, self.above), (self.lo - 1, self.hi + 1))):
             self.tgs = self.graphs = self.forwards = None  # (no probe is left to compare)
 

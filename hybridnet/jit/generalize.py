@@ -139,14 +139,17 @@ class Generalizing:
             result, tg = self._record(flat, args, kwargs, self._key(flat, spec))
         except Unsupported as exc:
             result, tg = self.fn(*args, **kwargs), exc
+        except BaseException:  # (the function raised at this length: it must again)
+            hull.settle(n, "the function raised")
+            raise
         if isinstance(tg, Exception):
             why = str(tg)
         else:
             try:
                 why = hull.confirms(tg, n, lambda: compile_trace(tg, False, self.backend,
                                                                  lazy=True))
-            except LoweringError as exc:
-                why = str(exc)
+            except Exception as exc:  # noqa: BLE001  (no comparison: refuted, eager is right)
+                why = f"{type(exc).__name__}: {exc}"
         hull.settle(n, why)
         self.stats.eager_calls += 1
         self.stats.probes += 1
