@@ -382,7 +382,7 @@ def _mapped_read(r, column):
     sequence. The step then reads the sequence and applies the maps itself."""
     maps = []
     while all(not n.is_source and len(n.inputs) == 1 and not is_slice(n) and
-              REGISTRY[n.op].has(Trait.PURE) and _same_attrs(n, column[0]) and
+              REGISTRY[n.op].has(Trait.PURE) and  # (a signature holds the attributes)
               _signature(n) == _signature(column[0]) for n in column):
         maps.append(column[0])
         column = [n.inputs[0] for n in column]
