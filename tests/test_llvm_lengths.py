@@ -71,12 +71,13 @@ def test_a_cache_of_two_still_generalizes():
     traced = hn.trace(lambda xs: _over(cell, xs), cache_limit=2)
     rng = np.random.default_rng(5)
     with hn.no_grad():
-        for steps in (9, 13, 9, 20, 31, 13, 40, 7, 8, 50, 11):
+        # (numba generalizes from 9 and 13; 20, 31, 40, 50 and 7, 8 are probes)
+        for steps in (9, 13, 9, 20, 31, 13, 40, 7, 8, 50, 11, 60, 70, 12, 10):
             xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
             np.testing.assert_allclose(traced(xs).numpy(), _over(cell, xs).numpy(),
                                        rtol=1e-5, atol=1e-6)
     assert any(e["kind"] == "generalize" for e in traced.stats.events), traced.stats.events
-    assert traced.stats.compiled_calls >= 7, traced.stats
+    assert traced.stats.probes <= 6 and traced.stats.compiled_calls >= 8, traced.stats
 
 
 def test_a_fixed_length_training_step_never_waits_for_numba():

@@ -166,12 +166,9 @@ def test_a_floor_computed_on_the_low_side_is_refuted():
     assert "11 and below run eagerly" in str(hn.explain(traced))
 
 
-# KNOWN GAP (dynamic.py: "numba's size-generic specializations are not probed"): with
-# default settings, when the llvm merge makes no kernel, numba generalizes from three
-# lengths whose Python-computed size was the same (hs[:max(n - 8, 4)] at 8, 10, 11: 4)
-# and serves 13 (5 states) unprobed.
-@pytest.mark.xfail(strict=True, reason="documented gap: numba's size-generic code is not "
-                   "probed (dynamic.py)")
+# (with default settings, when the llvm merge makes no kernel, numba generalizes from
+# three lengths whose Python-computed size was the same (hs[:max(n - 8, 4)] at 8, 10,
+# 11: 4): 13 (5 states) is a probe, and refutes)
 def test_numba_generalization_from_lengths_below_a_floor():
     hn.manual_seed(4)
     cell = nn.RNNCell(4, 5)
@@ -188,6 +185,7 @@ def test_numba_generalization_from_lengths_below_a_floor():
     rng = np.random.default_rng(4)
     for steps in (20, 21, 22, 10, 15, 11, 8, 12, 13):
         _forward_both(traced, fn, _xs(rng, steps), f"{steps} steps")
+    assert _probes(traced, "refuted"), traced.stats.events
 
 
 def test_lengths_alternating_below_and_above_each_side_counts_its_own_trust():
@@ -429,12 +427,10 @@ def test_list_argument_lengths_are_probed():
 
 
 @pytest.mark.parametrize("limit", [
-    # KNOWN GAP: cache_limit=2 never makes the llvm kernel for every length (it needs two
-    # other exact lengths): numba generalizes from 9 and 10, unprobed, and 13 computes
-    # 13 steps where eager takes 12 (dynamic.py: numba's code is not probed)
-    pytest.param(2, marks=pytest.mark.xfail(strict=True, reason="documented gap: numba's "
-                                            "size-generic code is not probed")),
-    3])
+    # (cache_limit=2 never makes the llvm kernel for every length (it needs two other
+    # exact lengths): numba generalizes from 9 and 10, and 13, where eager takes 12
+    # steps, is a probe that refutes)
+    2, 3])
 def test_cache_limit_small_with_a_cap(limit):
     hn.manual_seed(15)
     cell = nn.RNNCell(4, 5)
@@ -445,6 +441,7 @@ def test_cache_limit_small_with_a_cap(limit):
     rng = np.random.default_rng(15)
     for steps in (9, 10, 11, 12, 13, 20, 14, 8, 30):
         _forward_both(traced, fn, _xs(rng, steps), f"{steps} steps")
+    assert _probes(traced, "refuted"), traced.stats.events
     if limit == 3:
         _generalized(traced)
         assert "13 and above run eagerly" in str(hn.explain(traced))

@@ -13,14 +13,15 @@ dynamic=False)` keeps every length a specialization of its own.
 What the evidence cannot see at the lengths traced: Python code that computes a size or
 a value from the sequence's length, `range(min(n, 20))`, `hs[:min(n, 20)]`, `x / min(n,
 20)`, or branches on it (`if len(xs) > 50: ...`), may look like sizes that follow the
-length at every traced length. So the llvm kernels for every length serve the lengths
-between the least and the largest traced only (Hull); a call of another length is a
-probe: traced (it runs eagerly), its graph compared with the three the kernels were made
-from, and the hull grows to it, or it and the lengths beyond run eagerly. After four
-probes confirmed on one side, the lengths beyond are served without one: a cap further
-out than every probe goes unseen, as does a size that agrees with the length at every
-traced length but not between them (`2 * (n // 2)` traced at even lengths); numba's
-size-generic specializations are not probed. Such functions should pass `dynamic=False`.
+length at every traced length. So the code for every length (llvm's kernels, or numba's
+size-generic code) serves the lengths between the least and the largest traced only
+(Hull); a call of another length is a probe: traced (it runs eagerly), its graph
+compared with those of the traces the code was made from (three, or two with numba),
+and the hull grows to it, or it and the lengths beyond run eagerly. After four probes
+confirmed on one side, the lengths beyond are served without one: a cap further out
+than every probe goes unseen, as does a size that agrees with the length at every
+traced length but not between them (`2 * (n // 2)` traced at even lengths). Such
+functions should pass `dynamic=False`.
 (Values that differ between the traced lengths keep them exact: runtime.pipeline.
 symbolic_kernel compares the graphs' attributes.)
 """
@@ -299,6 +300,8 @@ class Hull:
                 self.forwards = False
         if self.forwards:
             return _disagree([self.forwards + [_rerolled(tg)]], self.ns + [n])
+        if self.graphs is None:  # (numba's size-generic code: no graphs to compare)
+            return "its traces' graphs differ between lengths"
         result = compiled()
         graphs = [result.optimized] + ([result.backward.split.backward]
                                        if result.backward is not None else [])

@@ -48,8 +48,10 @@ class Generalizing:
         for other in list(self.specializations.values()):
             # (a view whose bounds Python decided from a size that differs between the
             # lengths, x[:20] traced at 10 and 11 rows: the kernel could not decide it)
+            # (one symbolic length per specialization: its probes compare traces that
+            # differ in that length only, dynamic.Hull)
             if other is entry or len(other.traces) != 1 or other.fallback is not None or \
-                    other.traces[0].tg.clamps != mine.tg.clamps:
+                    other.symbolic or other.traces[0].tg.clamps != mine.tg.clamps:
                 continue
             dims = differing_dims(other.key, entry.key)
             theirs = other.traces[0]
@@ -80,6 +82,9 @@ class Generalizing:
         if len(matches) < (2 if exact_mine and len(pairs) >= 2 else 1):
             return
         other, dims, theirs = matches[0]
+        (i, d), = dims
+        ns = [o.key[1][i][0][d] for o, _, _ in matches] + [entry.key[1][i][0][d]]
+        hull = Hull(i, d, ns, [t.tg for _, _, t in matches] + [mine.tg], None)
         if theirs is not other.traces[0]:
             other.traces[0] = theirs
             theirs.result.reused = False  # (its kernel compiles at its first run)
@@ -87,6 +92,7 @@ class Generalizing:
             self.stats.event("backend_fallback", theirs.result.fallback)
             self._forget_exact(other, pairs)
         self._adopt(entry, other, dims, theirs, args, kwargs)
+        theirs.hull = hull
 
     def _forget_exact(self, other, pairs):
         """(the other exact specializations of these lengths would never be hit again: the
