@@ -426,7 +426,8 @@ def _rewrite(g: Graph, r: _Region) -> Node:
         if k == trips - 1 and j in finals:
             replace[id(steps[k][j])] = outs[finals[j]]
     column_of = {j: outs[len(r.carried) + i] for i, j in enumerate(collected)}
-    whole = replace_cats(g, steps, column_of, layouts, members, new_nodes)
+    joined = []  # (after the steps' blocks, which may become projections: pick_single_steps)
+    whole = replace_cats(g, steps, column_of, layouts, members, joined)
     for k, j in sorted(outside):
         n = steps[k][j]
         if id(n) in replace:
@@ -434,6 +435,7 @@ def _rewrite(g: Graph, r: _Region) -> Node:
         block = block_of(column_of[j], layouts[j], k, trips, n)
         new_nodes.extend(block)
         replace[id(n)] = block[-1]
+    new_nodes += joined
     first = next(i for i, n in enumerate(g.nodes) if id(n) in members)
     rest = []
     for n in g.nodes[first:]:

@@ -255,8 +255,10 @@ def layouts_of(g, steps, collected, members) -> dict:
         shape = steps[0][j].shape
         layouts[j] = Collect(0) if len(shape) else Collect(-1)
         step_of = {id(step[j]): k for k, step in enumerate(steps)}
-        runs = [(_longest_run(n.inputs, step_of), n) for n in cats]
-        runs = [(run, n) for run, n in runs if run is not None]
+        runs = [(_longest_run(n.inputs, step_of) or n.attrs["dim"] == 0 and
+                 len(shape) and _longest_run(n.inputs, _stacked(n, step_of)), n)
+                for n in cats]
+        runs = [(run, n) for run, n in runs if run]
         if runs:
             (_, a, b, rev), cat = max(runs, key=lambda rn: rn[0][2] - rn[0][1])
             layouts[j] = Collect(cat.attrs["dim"], rev)
@@ -296,7 +298,10 @@ def replace_cats(g, steps, column_of, layouts, members, made) -> dict:
             layout = layouts[j]
             if layout.dim != n.attrs["dim"] or layout.dim < 0:
                 continue
-            run = _longest_run(n.inputs, {id(step[j]): k for k, step in enumerate(steps)})
+            step_of = {id(step[j]): k for k, step in enumerate(steps)}
+            run, stacked = _longest_run(n.inputs, step_of), False
+            if run is None and layout.dim == 0:  # (a stack: a cat of each value with a
+                run, stacked = _longest_run(n.inputs, _stacked(n, step_of)), True  # 1 ahead)
             if run is None or run[3] != layout.reverse:
                 continue
             at, a, b, _ = run
@@ -304,10 +309,23 @@ def replace_cats(g, steps, column_of, layouts, members, made) -> dict:
             if (a, b) != (0, trips):
                 part = _blocks(out, layout, a, b, trips, steps[0][j])
                 made.append(part)
+            if stacked:
+                shape = (b - a,) + tuple(steps[0][j].shape)
+                part = Node("reshape", (part,), {"shape": shape}, shape, part.dtype)
+                made.append(part)
             n.inputs = n.inputs[:at] + (part,) + n.inputs[at + b - a:]
         if len(n.inputs) == 1 and is_projection(n.inputs[0]):
             whole[id(n)] = n.inputs[0]
     return whole
+
+
+def _stacked(cat, step_of) -> dict:
+    """id(input) -> step, for the inputs of `cat` (along dim 0) that regroup a step's
+    value with a leading 1 (hn.stack's pieces: a run of them is the collected output's
+    rows, regrouped)."""
+    return {id(i): step_of[id(i.inputs[0])] for i in cat.inputs
+            if REGISTRY[i.op].regroups and id(i.inputs[0]) in step_of and
+            tuple(i.shape) == (1,) + tuple(i.inputs[0].shape)}
 
 
 def _blocks(out, layout, a, b, trips, node) -> Node:

@@ -1,15 +1,11 @@
 """Loops whose steps reach the loss through more than one collected sequence: an LSTM's
 h and c both stacked, a sequence stacked twice, reversed or built front first, steps
-picked out of it, the states before and after each step, a bidirectional RNN; and a
-mean over the steps. With gradients, each compiles once, by llvm, for every length
-(the backward reads its per-step gradient slices, reshaped before the steps, as
-sequences: reroll._mapped_read; a cat of a run of steps takes a slice of the loop's
-output: reroll_edits.replace_cats; a mean's count is witnessed by its gradient's copies:
-llvm_sym._witnessed).
-
-Oracles: eager hybridnet after every call (outputs, parameter gradients; for the
-training step, parameters and optimizer state), and the compile counters: one
-specialization, its kernels symbolic llvm ones, no numba fallback.
+picked out of it, the states before and after each step, a bidirectional RNN, stacks
+that leave out the first steps; and a mean over the steps. With gradients, each
+compiles once, by llvm, for every length (the backward reads its per-step gradient
+slices, reshaped before the steps, as sequences: reroll._mapped_read; a cat of a run of
+steps takes a slice of the loop's output, regrouped for hn.stack: reroll_edits.
+replace_cats; a mean's count is witnessed by its gradient's copies: llvm_sym._witnessed).
 """
 
 import numpy as np
@@ -121,9 +117,30 @@ def mean_pooled(m, xs):  # (one sequence: its mean's gradient count once had no 
     return hn.stack(hs).mean(0)
 
 
+def _gru_states(m, xs):
+    h, hs = _zero(m["gru"]), []
+    for t in range(xs.shape[0]):
+        h = m["gru"](xs[t], h)
+        hs.append(h)
+    return hs
+
+
+def all_but_the_first(m, xs):  # (hn.stack of a run that leaves out the first steps)
+    hs = _gru_states(m, xs)
+    return hn.stack(hs[1:]), hn.stack(hs[2:-1]).tanh()
+
+
+def all_but_the_first_reversed(m, xs):
+    # (not with a second, overlapping run: stack(hs[:-1]) too adds two steps' gradient
+    # slices, a two-input map that reroll._mapped_read does not read, and stays exact)
+    hs = _gru_states(m, xs)
+    return hn.stack(hs[1:][::-1]).tanh(), hs[-1]
+
+
 SCENARIOS = {f.__name__: f for f in (lstm_h_and_c, stacked_twice, front_first,
                                      reversed_time, picked, before_and_after,
-                                     bidirectional, over_a_list, mean_pooled)}
+                                     bidirectional, over_a_list, mean_pooled,
+                                     all_but_the_first, all_but_the_first_reversed)}
 
 
 def _inputs(name, rng, steps):
