@@ -30,6 +30,7 @@ symbolic_kernel compares the graphs' attributes.)
 import copy
 
 from compiler.errors import LoweringError
+from compiler.ir import Graph, Node
 from compiler.loop import is_loop, traced_trip
 from compiler.lowering.llvm_sym import Bounds, SymbolicError
 from compiler.passes.manager import optimize
@@ -312,7 +313,26 @@ class Hull:
 
 
 def _rerolled(tg):
-    return optimize(reroll(tg.graph)[0])[0]
+    return optimize(reroll(_detached(tg.graph, tg.blocked))[0])[0]
+
+
+def _detached(graph, blocked):
+    """`graph` with a detach after each value recorded under no_grad (`blocked`), so
+    that graphs compared here differ where their gradients would (a no_grad block
+    that depends on the length)."""
+    if not blocked:
+        return graph
+    mapping, nodes = {}, []
+    for node in graph.nodes:
+        new = Node(node.op, tuple(mapping[id(i)] for i in node.inputs), dict(node.attrs),
+                   tuple(node.shape), node.dtype, node.requires_grad)
+        nodes.append(new)
+        if id(node) in blocked and not node.is_source:
+            new = Node("detach", (new,), {}, tuple(node.shape), node.dtype)
+            nodes.append(new)
+        mapping[id(node)] = new
+    return Graph(nodes, [mapping[id(n)] for n in graph.inputs],
+                 [mapping[id(n)] for n in graph.outputs])
 
 
 def _disagree(families, ns):
