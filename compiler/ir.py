@@ -195,15 +195,21 @@ class Graph:
 
     # -- editing (used by passes) -------------------------------------------------------
 
-    def clone(self) -> "Graph":
-        """A copy made of fresh plain `Node`s (passes never edit the eager tape)."""
+    def clone(self, wrap=None) -> "Graph":
+        """A copy made of fresh plain `Node`s (passes never edit the eager tape).
+        `wrap(node, copy)`, if given, may return a node made from the copy, which then
+        follows it and stands for `node` in the nodes after it."""
         mapping = {}
         nodes = []
         for node in self.nodes:
             new = Node(node.op, tuple(mapping[id(i)] for i in node.inputs), dict(node.attrs),
                        tuple(node.shape), node.dtype, node.requires_grad)
-            mapping[id(node)] = new
             nodes.append(new)
+            wrapped = wrap(node, new) if wrap is not None else None
+            if wrapped is not None:
+                nodes.append(wrapped)
+                new = wrapped
+            mapping[id(node)] = new
         return Graph(nodes, [mapping[id(n)] for n in self.inputs],
                      [mapping[id(n)] for n in self.outputs])
 

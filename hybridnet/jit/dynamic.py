@@ -30,7 +30,7 @@ symbolic_kernel compares the graphs' attributes.)
 import copy
 
 from compiler.errors import LoweringError
-from compiler.ir import Graph, Node
+from compiler.ir import Node
 from compiler.loop import is_loop, traced_trip
 from compiler.lowering.llvm_sym import Bounds, SymbolicError
 from compiler.passes.manager import optimize
@@ -322,17 +322,9 @@ def _detached(graph, blocked):
     that depends on the length)."""
     if not blocked:
         return graph
-    mapping, nodes = {}, []
-    for node in graph.nodes:
-        new = Node(node.op, tuple(mapping[id(i)] for i in node.inputs), dict(node.attrs),
-                   tuple(node.shape), node.dtype, node.requires_grad)
-        nodes.append(new)
-        if id(node) in blocked and not node.is_source:
-            new = Node("detach", (new,), {}, tuple(node.shape), node.dtype)
-            nodes.append(new)
-        mapping[id(node)] = new
-    return Graph(nodes, [mapping[id(n)] for n in graph.inputs],
-                 [mapping[id(n)] for n in graph.outputs])
+    return graph.clone(lambda node, new: Node("detach", (new,), {}, tuple(node.shape),
+                                              node.dtype)
+                       if id(node) in blocked and not node.is_source else None)
 
 
 def _disagree(families, ns):
