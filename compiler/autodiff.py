@@ -139,14 +139,16 @@ def _accumulate_window(pending, e, node, g):
 def mark_requires_grad(graph, wrt, blocked=frozenset()) -> None:
     """Set `requires_grad` on the nodes of `graph` that depend differentiably on `wrt`
     (and clear it elsewhere): what `backward` walks. Nodes whose ids are in `blocked`
-    never require grad (ops recorded under no_grad)."""
+    never require grad (ops recorded under no_grad). A node that brings its own backward
+    (`OwnBackward`: a loop node, compiler.loop_grad) is differentiable."""
     wanted = {id(n) for n in wrt}
     for node in graph.nodes:
         if node.is_source:
             node.requires_grad = id(node) in wanted
         else:
-            node.requires_grad = id(node) not in blocked and \
-                REGISTRY[node.op].differentiable and any(i.requires_grad for i in node.inputs)
+            node.requires_grad = id(node) not in blocked and (
+                isinstance(node, OwnBackward) or REGISTRY[node.op].differentiable) and \
+                any(i.requires_grad for i in node.inputs)
 
 
 def viewed(node):

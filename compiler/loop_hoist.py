@@ -217,14 +217,37 @@ class _Edit:
                     self._uses(term) != 1 or tuple(term.shape) != tuple(inp.shape):
                 continue
             left, right = term.inputs
-            lcol = (left.inputs[0], Collect(0)) if _is_transpose(left) else (left, Collect(1))
+            # (in the order of a sequence read from its end, when an operand is one: the
+            # collected copy of it is then its base, commit's _reused)
+            rev = self._backwards(left.inputs[0] if _is_transpose(left) else left) or \
+                self._backwards(right)
+            lcol = (left.inputs[0], Collect(0, rev)) if _is_transpose(left) else \
+                (left, Collect(1, rev))
             self.collects.append(lcol)
-            self.collects.append((right, Collect(0)))
+            self.collects.append((right, Collect(0, rev)))
             self.removed.add(j)
             self.sunk[len(self.collects) - 2] = ("sum", j, _is_transpose(left))
             self._users()
             count += 1
         return count
+
+    def _backwards(self, node) -> bool:
+        """Is `node` (or what it regroups) a sequence's slice read from its end?"""
+        src = _regrouped(node)
+        return any(src is seq_in and seq.stride < 0 for seq_in, seq, _ in self.seqs)
+
+    def _reused(self, pos):
+        """An outer value equal to the value collected at `pos`: the base of the
+        sequence collected unchanged (or regrouped) in the order of its slices, else
+        None."""
+        out, collect = self.collects[pos]
+        src = _regrouped(out)
+        for seq_in, seq, base in self.seqs:
+            if src is seq_in and seq.dim == 0 and collect.dim == 0 and \
+                    abs(seq.stride) == seq.width and collect.reverse == (seq.stride < 0) and \
+                    (seq.anchor, seq.gap) == ((0, 0) if seq.stride > 0 else (seq.width, 0)):
+                return base
+        return None
 
     # -- committing ---------------------------------------------------------------------
 
@@ -232,10 +255,12 @@ class _Edit:
         """Build the new loop node and its projections; put them and the outer nodes in
         place of the old loop in `g`, and redirect the old projections' users."""
         kept = [c for j, c in enumerate(self.carried) if j not in self.removed]
-        used = self._used_invariants()
+        alias = {} if self.spec.picks else self._aliases()
+        real = [pos for pos in range(len(self.collects)) if pos not in alias]
+        used = self._used_invariants([self.collects[pos][0] for pos in real])
         inv = [(i, x) for i, x in self.inv_inputs if id(i) in used]
         inputs = [i for i, _, _ in kept] + [i for i, _ in inv] + [i for i, _, _ in self.seqs]
-        outputs = [o for _, o, _ in kept] + [o for o, _ in self.collects]
+        outputs = [o for _, o, _ in kept] + [self.collects[pos][0] for pos in real]
         body = self.body
         nodes = [n for n in body.nodes if n.op != "input"]
         body = Graph.from_outputs(outputs)
@@ -243,45 +268,66 @@ class _Edit:
         body = Graph(inputs + sorted((n for n in body.nodes if n.op != "input"),
                                      key=lambda n: order[id(n)]), inputs, outputs)
         spec = LoopSpec(body, len(kept), len(inv), [s for _, s, _ in self.seqs],
-                        [c for _, c in self.collects], self.spec.trip, self.spec.picks)
+                        [self.collects[pos][1] for pos in real], self.spec.trip,
+                        self.spec.picks)
         outer_in = [x for _, _, x in kept] + [x for _, x in inv] + [b for _, _, b in self.seqs]
         loop = Node("loop", tuple(outer_in), {"spec": spec}, (), "bool")
         types = spec.output_types([i.shape for i in outer_in])
         outs = [_node("loop_out", (loop,), {"index": i}, s, d) for i, (s, d) in enumerate(types)]
-        replace = self._replacements(outs, len(kept))
+        col = {pos: outs[len(kept) + r] for r, pos in enumerate(real)}
+        for pos, (how, what) in sorted(alias.items()):
+            col[pos] = col[what] if how == "dup" else self._regroup_after(
+                what, self.collects[pos][0].shape)
+        replace = self._replacements(outs, len(kept), col, len(real))
         _splice(g, self.loop, self.before + [loop] + outs + self.after, replace)
 
-    def _used_invariants(self) -> set:
+    def _aliases(self) -> dict:
+        """Collected positions the loop need not write: pos -> ("dup", an earlier
+        position collecting the same value alike) or ("seq", the outer value it equals,
+        `_reused`)."""
+        alias, seen = {}, {}
+        for pos, (out, collect) in enumerate(self.collects):
+            key = (id(out), collect)
+            base = self._reused(pos)
+            if key in seen:
+                alias[pos] = ("dup", seen[key])
+            elif base is not None:
+                alias[pos] = ("seq", base)
+            else:
+                seen[key] = pos
+        return alias
+
+    def _used_invariants(self, collected) -> set:
         used = set()
         kept = [o for j, (_, o, _) in enumerate(self.carried) if j not in self.removed]
-        for n in Graph.from_outputs(kept + [o for o, _ in self.collects]).nodes:
+        for n in Graph.from_outputs(kept + list(collected)).nodes:
             used.add(id(n))
         return used
 
-    def _replacements(self, outs, n_kept) -> dict:
-        """id(old projection) -> its replacement; the sunk products' outer nodes are
-        added to `self.after`."""
+    def _replacements(self, outs, n_kept, col, n_col) -> dict:
+        """id(old projection) -> its replacement (`col`: collected position -> the outer
+        value of it; `n_col` collected outputs in the new loop); the sunk products'
+        outer nodes are added to `self.after`."""
         spec, nc = self.spec, self.spec.n_carried
-        n_col_old, n_col = len(spec.collects), len(self.collects)
+        n_col_old = len(spec.collects)
         kept = [j for j in range(nc) if j not in self.removed]
         value = {j: outs[k] for k, j in enumerate(kept)}
         for c in range(n_col_old):
-            value[nc + c] = outs[n_kept + c]
+            value[nc + c] = col[c]
         for p in range(len(spec.picks)):
             value[nc + n_col_old + p] = outs[n_kept + n_col + p]
         for pos, how in self.sunk.items():
             if how[0] == "product":
-                col = outs[n_kept + pos]
-                value[nc + pos] = self._sunk_product(col, how[1])
+                value[nc + pos] = self._sunk_product(col[pos], how[1])
                 for p, pick in enumerate(spec.picks):  # (one step of it: its product)
                     if pick.index == pos:
                         one = outs[n_kept + n_col + p]
                         value[nc + n_col_old + p] = self._sunk_product(one, how[1])
             else:
                 _, j, transposed = how
-                left = outs[n_kept + pos]
+                left = col[pos]
                 left = self._add_after(_transpose(left)) if transposed else left
-                right = outs[n_kept + pos + 1]
+                right = col[pos + 1]
                 init = self.carried[j][2]
                 total = self._add_after(_matmul(left, right))
                 value[j] = self._add_after(_node("add", (init, total), {}, init.shape,
@@ -296,6 +342,12 @@ class _Edit:
         shape = tuple(col.shape[:-1]) + (w.shape[1],)
         whole = _reshape(product, shape)
         return whole if whole is product else self._add_after(whole)
+
+    def _regroup_after(self, base, step_shape):
+        """`base` in the shape of its steps' values collected along dim 0."""
+        rest = tuple(step_shape[1:])
+        whole = _reshape(base, (math.prod(base.shape) // max(math.prod(rest), 1),) + rest)
+        return whole if whole is base else self._add_after(whole)
 
     def _add_after(self, node):
         self.after.append(node)

@@ -57,10 +57,10 @@ def partition(joint: Graph, n_outputs: int, n_seeds: int, recompute: bool = Fals
     for node in joint.nodes:
         if id(node) in late:
             for i in node.inputs:
-                if id(i) not in late and i.op != "const":
+                if id(i) not in late and not _constant(i):
                     save(i)
     for g in grads:
-        if id(g) not in late and g.op != "const":
+        if id(g) not in late and not _constant(g):
             save(g)
     before = set(late)
     if recompute:
@@ -141,11 +141,24 @@ def _backward(joint, late, saved, seeds, grads) -> Graph:
     return Graph(nodes, inputs, outputs)
 
 
+def _constant(node) -> bool:
+    """A constant, or a view of one (zeros expanded to a gradient's shape)."""
+    while node.op != "const":
+        if not REGISTRY[node.op].has(Trait.MOVEMENT) or len(node.inputs) != 1:
+            return False
+        node = node.inputs[0]
+    return True
+
+
 def _const(node, copy, nodes) -> Node:
-    """A constant the backward needs (or a gradient that is a constant): copied."""
-    if node.op != "const":
+    """A constant the backward needs (or a gradient that is a constant), or a view of
+    one: copied."""
+    if id(node) in copy:
+        return copy[id(node)]
+    if not _constant(node):
         raise ValueError(f"partition: {node.op} {node.type_str()} is neither saved nor late")
-    new = copy[id(node)] = Node("const", (), dict(node.attrs), node.shape, node.dtype)
+    inputs = tuple(_const(i, copy, nodes) for i in node.inputs)
+    new = copy[id(node)] = Node(node.op, inputs, dict(node.attrs), node.shape, node.dtype)
     nodes.append(new)
     return new
 
@@ -154,8 +167,14 @@ def split_gradient(graph: Graph, wrt, seeded=None, blocked=frozenset()) -> tuple
     """Forward and backward of `graph` with respect to the nodes `wrt` (seeding the
     outputs at positions `seeded`, default all), optimized together (constant folding,
     simplification and CSE see both; dead values go), then split: returns
-    `(Split, pass report)`."""
-    joint = grad_graph(graph, wrt, seeded, blocked)
+    `(Split, pass report)`. Loops are rerolled before differentiating where their
+    backward can be a loop (compiler.loop_grad; HYBRIDNET_LOOP_GRAD=0: never), else the
+    unrolled graph is differentiated and rerolled after."""
+    from .loop_grad import loop_joint  # (it splits each loop's step with partition)
+    joint = None if os.environ.get("HYBRIDNET_LOOP_GRAD") == "0" else \
+        loop_joint(graph, wrt, seeded, blocked)
+    if joint is None:  # (no loop whose gradient is a loop: the unrolled graph's)
+        joint = grad_graph(graph, wrt, seeded, blocked)
     optimized, report = optimize(reroll(joint)[0])
     n_seeds = len(graph.outputs) if seeded is None else len(seeded)
     recompute = os.environ.get("HYBRIDNET_RECOMPUTE") == "1"

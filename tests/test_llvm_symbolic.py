@@ -206,12 +206,12 @@ def test_a_mean_over_every_step_is_one_kernel_that_counts_from_n(reduce):
         return F.mse_loss(y, y.detach() * 0.5) if reduce == "mse" else y.mean()
     traced = hn.trace(loss)
     rng = np.random.default_rng(1)
-    for steps in (12, 15, 19, 26, 12, 3, 40, 64, 20, 33, 50):  # (26, 40, 64: probes)
+    for steps in (12, 15, 19, 26, 12, 3, 40, 64, 20, 33, 50):  # (3, 26, 40, 64: probes)
         xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
         same_loss_and_grads(traced, cell, xs)
     assert any(e.symbolic for e in traced.specializations.values()), traced.stats.events
     assert not [e for e in traced.stats.events if e["kind"] == "backend_fallback"]
-    assert traced.stats.compiled_calls >= 4 and traced.stats.probes == 3, traced.stats
+    assert traced.stats.compiled_calls >= 4 and traced.stats.probes == 4, traced.stats
 
 
 def test_parametrize_computes_whole_and_reciprocal_float_literals_from_n():

@@ -223,7 +223,8 @@ def test_traced_loss_and_gradients_equal_eager_over_lengths_with_one_compile(kin
     stats = traced.stats
     assert stats.compiles <= 1 and stats.traces == 2 + stats.probes and \
         len(traced.specializations) == 1, stats
-    assert stats.probes <= 5, stats
+    # (lengths 1 and 2 trace no loop: probes, refuted, as the kernels' loops take them)
+    assert stats.probes <= 6, stats
     # (short ones and probes run eagerly)
     assert stats.compiled_calls >= len(lengths) - 6 - stats.probes, stats
     assert any(e["kind"] == "generalize" for e in stats.events)

@@ -385,19 +385,22 @@ class Bounds:
             for size in shape:
                 self.at_least(size, 1)
             _same_attrs(nodes, ns, users)
-            if nodes[0].op == "slice":
+            if REGISTRY[nodes[0].op].window in ("read", "write"):
                 self._slice(nodes, ns)
             elif is_loop(nodes[0]):
                 self._loop(nodes, ns)
 
     def _slice(self, nodes, ns):
-        """A slice's bounds: each the same at every length, or the same distance from its
-        dim's end (`x[-3:]`, `x[1:]`), with step 1 along a dim that follows the length
-        (`x[::4]` has ceil(n / 4) rows: no affine function)."""
-        src = _fit_shape([tuple(n.inputs[0].shape) for n in nodes], ns, "slice")
+        """A slice's bounds (or those of the window a pad_slice writes): each the same at
+        every length, or the same distance from its dim's end (`x[-3:]`, `x[1:]`), with
+        step 1 along a dim that follows the length (`x[::4]` has ceil(n / 4) rows: no
+        affine function)."""
+        wholes = [tuple(n.inputs[0].shape if REGISTRY[n.op].window == "read" else n.shape)
+                  for n in nodes]
+        src = _fit_shape(wholes, ns, nodes[0].op)
         for d, size in enumerate(src):
             index = [n.attrs["index"][d] for n in nodes]
-            sizes = [n.inputs[0].shape[d] for n in nodes]
+            sizes = [w[d] for w in wholes]
             if len({c for _, _, c in index}) != 1 or \
                     isinstance(size, Affine) and index[0][2] != 1:
                 raise SymbolicError("a strided slice along a dim that follows the length")
@@ -422,8 +425,8 @@ class Bounds:
 
 def _same_attrs(nodes, ns, users=None):
     """Attributes are the same at every length, but for what follows from a size: a
-    slice's bounds (Bounds._slice) and the one size of a reshape or expand that follows
-    the length (a reshape's -1). Anything else that differs, a constant the Python code
+    slice's bounds (Bounds._slice, a pad_slice's too) and the one size of a target shape
+    that follows the length (a reshape's -1, an expand's, a pad_slice's). Anything else that differs, a constant the Python code
     computed from the length (`float(n % 7)`, a mean's count), is a value the kernel
     could not compute from n: such traces get a kernel per length, or numba's if its code
     is the same."""
@@ -431,11 +434,13 @@ def _same_attrs(nodes, ns, users=None):
     keys = [{k: attr_key(v) for k, v in n.attrs.items()} for n in nodes]
     for name, first in keys[0].items():
         values = [k.get(name) for k in keys]
-        if all(v == first for v in values) or op == "slice" and name == "index" or \
+        if all(v == first for v in values) or \
+                REGISTRY[op].window is not None and name == "index" or \
                 op == "const" and name == "value" and users is not None and \
                 _count(nodes, ns, users()) is not None:
             continue
-        shapes = [tuple(n.attrs[name]) for n in nodes] if op in ("reshape", "expand") else ()
+        # (a target shape: a reshape's, an expand's, the zeros a pad_slice writes into)
+        shapes = [tuple(n.attrs[name]) for n in nodes] if name == "shape" else ()
         if name == "shape" and len({len(v) for v in shapes}) == 1 and \
                 sum(len(set(dim)) > 1 for dim in zip(*shapes)) == 1:
             continue
