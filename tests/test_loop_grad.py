@@ -14,9 +14,8 @@ import hybridnet as hn
 import hybridnet.nn as nn
 import hybridnet.nn.functional as F
 from compiler.autodiff import grad_graph
-from compiler.loop import is_loop
+from compiler.loop import SeqIn, is_loop
 from compiler.loop_grad import _mirrored, loop_joint
-from compiler.loop import SeqIn
 from compiler.partition import split_gradient
 
 CELLS = {"rnn": nn.RNNCell, "lstm": nn.LSTMCell, "gru": nn.GRUCell}

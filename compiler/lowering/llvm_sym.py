@@ -426,10 +426,10 @@ class Bounds:
 def _same_attrs(nodes, ns, users=None):
     """Attributes are the same at every length, but for what follows from a size: a
     slice's bounds (Bounds._slice, a pad_slice's too) and the one size of a target shape
-    that follows the length (a reshape's -1, an expand's, a pad_slice's). Anything else that differs, a constant the Python code
-    computed from the length (`float(n % 7)`, a mean's count), is a value the kernel
-    could not compute from n: such traces get a kernel per length, or numba's if its code
-    is the same."""
+    that follows the length (a reshape's -1, an expand's, a pad_slice's). Anything else
+    that differs, a constant the Python code computed from the length (`float(n % 7)`,
+    a mean's count), is a value the kernel could not compute from n: such traces get a
+    kernel per length, or numba's if its code is the same."""
     op = nodes[0].op
     keys = [{k: attr_key(v) for k, v in n.attrs.items()} for n in nodes]
     for name, first in keys[0].items():
