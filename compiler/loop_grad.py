@@ -21,8 +21,9 @@ differentiates it, each loop node by its own rule (JAX's scan transpose, in our 
 that rerolling made, so a weight's gradient is one product over every step.
 
 What this does not take (`loop_joint` returns None, and the unrolled graph is
-differentiated as before): values recorded under no_grad, loops with picked steps or
-nested loops, sequences whose steps overlap or leave gaps, and non-float carried values.
+differentiated as before): nested loops, sequences whose steps overlap or leave gaps,
+and non-float carried values. A picked step's gradient (`Pick`) is added into its
+collected output's gradient at that step's block.
 """
 
 import numpy as np
@@ -46,7 +47,7 @@ def loop_joint(graph: Graph, wrt, seeded, blocked=frozenset()):
     whose gradient is made here (see the module docstring). `blocked`: ids of nodes
     recorded without autograd; each that would otherwise carry a gradient is followed
     by a `detach`, so that the rerolled steps block it too."""
-    rerolled, made = reroll(_with_detaches(graph, wrt, blocked))
+    rerolled, made = reroll(with_detaches(graph, wrt, blocked))
     if not made:
         return None
     position = {id(n): i for i, n in enumerate(graph.inputs)}
@@ -65,7 +66,10 @@ def loop_joint(graph: Graph, wrt, seeded, blocked=frozenset()):
     return grad_graph(g, wrt2, seeded).clone()
 
 
-def _with_detaches(graph, wrt, blocked):
+def with_detaches(graph, wrt, blocked):
+    """`graph` with a `detach` after each node of `blocked` (ids of nodes recorded
+    without autograd) that would carry a gradient from `wrt` without it (marks
+    requires_grad on `graph`)."""
     if not blocked:
         return graph
     mark_requires_grad(graph, wrt)
@@ -119,8 +123,8 @@ def _prepare(g: Graph, loop: LoopGrad) -> None:
     nodes are added to `g`) and give it the plan of its backward."""
     spec = loop.attrs["spec"]
     body = spec.body
-    if spec.picks or any(is_loop(n) for n in body.nodes):
-        raise LoopUnsupported("picked steps or a nested loop")
+    if any(is_loop(n) for n in body.nodes):
+        raise LoopUnsupported("a nested loop")
     k, m = spec.n_carried, spec.n_invariant
     if not all(_floating(body.inputs[i]) for i in range(k)):
         raise LoopUnsupported("a carried value that is not a float")
@@ -129,7 +133,10 @@ def _prepare(g: Graph, loop: LoopGrad) -> None:
             raise LoopUnsupported("a sequence whose steps overlap or leave gaps")
     wanted = list(range(k)) + [i for i in range(k, len(body.inputs))
                                if loop.inputs[i].requires_grad and _floating(body.inputs[i])]
-    joint = grad_graph(body, [body.inputs[i] for i in wanted])
+    # (a copy: its nodes numbered in execution order, which grad_graph's node order
+    # follows; reroll makes the nodes of mapped reads after the steps that use them)
+    step = body.clone()
+    joint = grad_graph(step, [step.inputs[i] for i in wanted])
     joint, _ = optimize(joint)
     n_out = len(body.outputs)
     split = partition(joint, n_out, n_out)
@@ -155,9 +162,14 @@ def _prepare(g: Graph, loop: LoopGrad) -> None:
         kinds.append(("step", position[id(v)], chain))
     collects = tuple(Collect(0) if len(s.shape) else Collect(-1) for s in extra)
     new_body = Graph(fwd.nodes, fwd.inputs, list(fwd.outputs[:n_out]) + extra)
-    new_spec = LoopSpec(new_body, k, m, spec.seqs, spec.collects + collects, spec.trip)
+    new_spec = LoopSpec(new_body, k, m, spec.seqs, spec.collects + collects, spec.trip,
+                        spec.picks)
     loop.attrs = dict(loop.attrs, spec=new_spec)
     base = k + spec.n_collected
+    for node in g.nodes:  # (the picked steps' outputs follow the collected ones)
+        if isinstance(node, LoopOutGrad) and node.inputs[0] is loop and \
+                node.attrs["index"] >= base:
+            node.attrs = dict(node.attrs, index=node.attrs["index"] + len(extra))
     outs = []
     for j in range(len(extra)):
         shape, dtype = new_spec.output_types([i.shape for i in loop.inputs])[base + j]
@@ -180,6 +192,7 @@ class _Plan:
         (`slots`: output index -> gradient)."""
         spec, k, m = self.spec, self.spec.n_carried, self.spec.n_invariant
         body, n_seq0 = spec.body, k + m
+        slots = self._with_picks(loop, e, dict(slots))
         b = _BodyBuilder()
         # carried: the carried values' gradients, then one sum per invariant wanted
         inv_wanted = [i for i in self.wanted if k <= i < n_seq0]
@@ -248,6 +261,31 @@ class _Plan:
             result.append((loop.inputs[i], _placed(e, got, spec.seqs[i - n_seq0],
                                                    loop.inputs[i])))
         return result
+
+
+    def _with_picks(self, loop, e, slots):
+        """`slots` with each picked step's gradient added into its collected output's,
+        at that step's block (and the picks' own slots gone)."""
+        spec, k = self.spec, self.spec.n_carried
+        first = k + self.new_spec.n_collected
+        types = self.new_spec.output_types([i.shape for i in loop.inputs])
+        for p, pick in enumerate(spec.picks):
+            grad = slots.pop(first + p, None)
+            if grad is None:
+                continue
+            collect, c = spec.collects[pick.index], k + pick.index
+            shape = types[c][0]
+            dim = max(collect.dim, 0)
+            width = 1 if collect.dim < 0 else grad.shape[dim]
+            step = pick.at(self.trip)
+            block = self.trip - 1 - step if collect.reverse else step
+            if collect.dim < 0:
+                grad = e("reshape", grad, shape=(1,) + tuple(grad.shape))
+            index = tuple((block * width, (block + 1) * width, 1) if d == dim else (0, n, 1)
+                          for d, n in enumerate(shape))
+            placed = e("pad_slice", grad, shape=tuple(shape), index=index)
+            slots[c] = placed if slots.get(c) is None else e("add", slots[c], placed)
+        return slots
 
 
 def _out(loop, index, types) -> Node:

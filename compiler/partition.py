@@ -15,14 +15,11 @@ values recomputed, the backward kernel 1,074 -> 1,245 lines, compile 15.7 -> 23.
 Never from the call's inputs or results, which code outside may update in place.
 """
 
-import os
 from dataclasses import dataclass
 
-from .autodiff import grad_graph, viewed
+from .autodiff import viewed
 from .ir import Graph, Node, collect
-from .passes.manager import optimize
 from .registry import REGISTRY, Trait
-from .reroll import reroll
 
 
 @dataclass
@@ -62,6 +59,7 @@ def partition(joint: Graph, n_outputs: int, n_seeds: int, recompute: bool = Fals
     for g in grads:
         if id(g) not in late and not _constant(g):
             save(g)
+    saved = _views_of_inputs(joint, saved, late, n_seeds)
     before = set(late)
     if recompute:
         saved = _recompute(joint, saved, late, n_outputs)
@@ -74,6 +72,25 @@ def partition(joint: Graph, n_outputs: int, n_seeds: int, recompute: bool = Fals
     forward = Graph(_with_inputs([n for n in joint.nodes if id(n) in needed], inputs),
                     inputs, outputs)
     return Split(forward, _backward(joint, late, saved, seeds, grads), len(saved), recomputed)
+
+
+def _views_of_inputs(joint, saved, late, n_seeds) -> list:
+    """Saved views of the call's inputs (a weight's transpose) made again in the backward
+    (`late`, updated) from the input, which is saved instead: eager's vjps read a view
+    of the input's buffer when the backward runs, so a change made to it between (through
+    NumPy, which no version counter sees) reaches the gradient as in eager."""
+    own = {id(n) for n in joint.inputs[:len(joint.inputs) - n_seeds]}
+    out, seen = [], set()
+    for node in saved:
+        chain = list(viewed(node))
+        if len(chain) > 1 and id(chain[-1]) in own:
+            late.update(id(v) for v in chain[:-1])
+            node = chain[-1]
+        if id(node) not in seen:
+            seen.add(id(node))
+            out.append(node)
+    order = {id(n): k for k, n in enumerate(joint.nodes)}
+    return sorted(out, key=lambda n: order[id(n)])
 
 
 def _size(node) -> int:
@@ -161,21 +178,3 @@ def _const(node, copy, nodes) -> Node:
     new = copy[id(node)] = Node(node.op, inputs, dict(node.attrs), node.shape, node.dtype)
     nodes.append(new)
     return new
-
-
-def split_gradient(graph: Graph, wrt, seeded=None, blocked=frozenset()) -> tuple:
-    """Forward and backward of `graph` with respect to the nodes `wrt` (seeding the
-    outputs at positions `seeded`, default all), optimized together (constant folding,
-    simplification and CSE see both; dead values go), then split: returns
-    `(Split, pass report)`. Loops are rerolled before differentiating where their
-    backward can be a loop (compiler.loop_grad; HYBRIDNET_LOOP_GRAD=0: never), else the
-    unrolled graph is differentiated and rerolled after."""
-    from .loop_grad import loop_joint  # (it splits each loop's step with partition)
-    joint = None if os.environ.get("HYBRIDNET_LOOP_GRAD") == "0" else \
-        loop_joint(graph, wrt, seeded, blocked)
-    if joint is None:  # (no loop whose gradient is a loop: the unrolled graph's)
-        joint = grad_graph(graph, wrt, seeded, blocked)
-    optimized, report = optimize(reroll(joint)[0])
-    n_seeds = len(graph.outputs) if seeded is None else len(seeded)
-    recompute = os.environ.get("HYBRIDNET_RECOMPUTE") == "1"
-    return partition(optimized, len(graph.outputs), n_seeds, recompute), report

@@ -300,7 +300,9 @@ def test_gradients_match_eager(in_block_spy, name):
     lengths = SCENARIOS[name][2]
     traced = _drive(fn, m.params, make, lengths, True)
     assert traced.stats.compiled_calls >= 2, traced.stats
-    assert any(in_block_spy), in_block_spy  # (forward or backward loops)
+    # (forward or backward loops; a forward whose blocks are strided has a backward
+    # loop that carries gradients only, compiler.loop_grad: nothing in block there)
+    assert any(in_block_spy) or SCENARIOS[name][1] is False, in_block_spy
     if lengths in (LENGTHS, PICKED):
         assert any(e.symbolic for e in traced.specializations.values()), traced.stats.events
         assert traced.stats.compiled_calls >= 6, traced.stats

@@ -14,9 +14,9 @@ import hybridnet as hn
 import hybridnet.nn as nn
 import hybridnet.nn.functional as F
 from compiler.autodiff import grad_graph
+from compiler.gradient import split_gradient
 from compiler.loop import SeqIn, is_loop
 from compiler.loop_grad import _mirrored, loop_joint
-from compiler.partition import split_gradient
 
 CELLS = {"rnn": nn.RNNCell, "lstm": nn.LSTMCell, "gru": nn.GRUCell}
 
@@ -189,3 +189,17 @@ def test_traced_training_over_lengths_equals_eager(backend):
         target = hn.tensor(rng.standard_normal((3, 5)).astype(np.float32))
         same_loss_and_grads(traced, cell, xs, target)
     assert traced.stats.compiles <= 1, traced.stats
+
+
+def test_picked_steps_get_their_gradient_at_their_block():
+    hn.manual_seed(0)
+    cell = nn.GRUCell(4, 5)
+    xs = hn.randn(12, 3, 4, requires_grad=True)
+
+    def f(x):
+        h, hs = hn.zeros(3, 5), []
+        for t in range(x.shape[0]):
+            h = cell(x[t], h)
+            hs.append(h)
+        return (hn.stack(hs).sum() + (hs[3] * hs[-2]).sum() + hs[0].mean())
+    _same_as_unrolled(f, (xs,))

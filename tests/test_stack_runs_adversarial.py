@@ -190,11 +190,9 @@ def test_regrouped_unit_batch_and_capped_stacks_generalize(name):
         assert entry.traces[0].result.backend == "llvm", traced.stats.events
 
 
-# (not a mismatch: the backward's zero-gradient first steps become a loop of a fixed trip
-# count, "loop: its spec differs between lengths"; hs[3:] falls back to numba; without
-# gradients hs[5:] generalizes)
-@pytest.mark.xfail(strict=True, reason="limit of 556b51d: with gradients, stack(hs[k:]) "
-                   "for k >= 4 compiles per length, never generalizes")
+# (a limit of 556b51d, when the joint graph was rerolled: the backward's zero-gradient
+# first steps became a loop of a fixed trip count; the loop's own gradient,
+# compiler.loop_grad, has none)
 def test_a_stack_leaving_out_four_steps_compiles_once_with_gradients():
     def fn(m, xs):
         return hn.stack(_states(m["gru"], xs)[4:])

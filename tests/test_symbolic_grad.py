@@ -204,7 +204,7 @@ def test_an_mlps_forward_and_backward_compile_and_match_the_interpreter():
 
 
 def test_an_optimized_split_of_an_mlp_compiles_and_matches_eager():
-    from compiler.partition import split_gradient
+    from compiler.gradient import split_gradient
     rng = np.random.default_rng(2)
     arrays = [rng.standard_normal(s).astype(np.float32) for s in
               [(8, 10), (16, 10), (16,), (3, 16), (3,)]] + [rng.integers(0, 3, 8)]

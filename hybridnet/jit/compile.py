@@ -7,10 +7,10 @@ import time
 
 from compiler.autodiff import inputs_read_by_vjps, reaching
 from compiler.errors import LoweringError
+from compiler.gradient import split_gradient
 from compiler.ir import Graph
 from compiler.loop import is_loop
 from compiler.loop_hoist import hoist_products
-from compiler.partition import split_gradient
 from compiler.passes.manager import optimize as run_passes
 from compiler.reroll import reroll
 from runtime.pipeline import compile_graph

@@ -30,8 +30,8 @@ symbolic_kernel compares the graphs' attributes.)
 import copy
 
 from compiler.errors import LoweringError
-from compiler.ir import Node
 from compiler.loop import is_loop, traced_trip
+from compiler.loop_grad import with_detaches
 from compiler.lowering.llvm_sym import Bounds, SymbolicError
 from compiler.passes.manager import optimize
 from compiler.reroll import reroll
@@ -313,18 +313,12 @@ class Hull:
 
 
 def _rerolled(tg):
-    return optimize(reroll(_detached(tg.graph, tg.blocked))[0])[0]
-
-
-def _detached(graph, blocked):
-    """`graph` with a detach after each value recorded under no_grad (`blocked`), so
-    that graphs compared here differ where their gradients would (a no_grad block
-    that depends on the length)."""
-    if not blocked:
-        return graph
-    return graph.clone(lambda node, new: Node("detach", (new,), {}, tuple(node.shape),
-                                              node.dtype)
-                       if id(node) in blocked and not node.is_source else None)
+    """`tg`'s graph rerolled and optimized, with a detach after each value recorded
+    under no_grad that would otherwise carry a gradient (compiler.loop_grad.
+    with_detaches), so that graphs compared here differ where their gradients would (a
+    no_grad block that depends on the length)."""
+    wrt = [tg.graph.inputs[i] for i in tg.grad_inputs]
+    return optimize(reroll(with_detaches(tg.graph, wrt, tg.blocked))[0])[0]
 
 
 def _disagree(families, ns):
