@@ -41,12 +41,13 @@ class LoopUnsupported(Exception):
     """This loop's gradient is not made as a loop (the unrolled graph is differentiated)."""
 
 
-def loop_joint(graph: Graph, wrt, seeded, blocked=frozenset()):
+def loop_joint(graph: Graph, wrt, seeded, blocked=frozenset(), picks=True):
     """The forward-plus-backward graph of `graph` (as `autodiff.grad_graph` makes it)
     with its loops rerolled before differentiating, or None when `graph` has no loop
     whose gradient is made here (see the module docstring). `blocked`: ids of nodes
     recorded without autograd; each that would otherwise carry a gradient is followed
-    by a `detach`, so that the rerolled steps block it too."""
+    by a `detach`, so that the rerolled steps block it too. `picks` False: None for a
+    loop with picked steps."""
     rerolled, made = reroll(with_detaches(graph, wrt, blocked))
     if not made:
         return None
@@ -60,6 +61,8 @@ def loop_joint(graph: Graph, wrt, seeded, blocked=frozenset()):
     try:
         for node in list(g.nodes):
             if isinstance(node, LoopGrad) and node.requires_grad:
+                if node.attrs["spec"].picks and not picks:
+                    return None
                 _prepare(g, node)
     except LoopUnsupported:
         return None

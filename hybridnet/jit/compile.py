@@ -58,7 +58,10 @@ def compile_trace(tg, dynamic, backend="numba", lazy=False) -> CompileResult:
         reach = [r for r in reach if r]
         _refuse_updated_saved_inputs(tg)
         wrt = [tg.graph.inputs[i] for i in tg.grad_inputs]
-        split, report = split_gradient(tg.graph, wrt, tg.grad_results, tg.blocked)
+        # (numba: a picked step's gradient window moves with the length, and its
+        # size-generic code takes none: those loops' joint graph is rerolled)
+        split, report = split_gradient(tg.graph, wrt, tg.grad_results, tg.blocked,
+                                       picks=backend != "numba")
         _hoisted(split.forward, report)
         _hoisted(split.backward, report)
         read = inputs_read_by_vjps(tg.graph)
