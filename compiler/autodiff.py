@@ -57,6 +57,21 @@ class OwnBackward:
         raise NotImplementedError
 
 
+class SlotsBackward(OwnBackward):
+    """An OwnBackward node with many outputs: each output's gradient arrives as
+    `(index, grad)` and they gather into one dict, index -> gradient (a compiled call,
+    a loop node)."""
+
+    __slots__ = ()
+
+    def merge(self, e, old, g):
+        index, grad = g
+        slots = {} if old is None else old
+        prev = slots.get(index)
+        slots[index] = grad if prev is None else e("add", prev, grad)
+        return slots
+
+
 def _input_grads(node, opdef, e, g, ins, out):
     attrs = node.attrs
     if not isinstance(opdef.vjp, tuple):

@@ -28,9 +28,9 @@ collected output's gradient at that step's block.
 
 import numpy as np
 
-from .autodiff import OwnBackward, grad_graph, mark_requires_grad
+from .autodiff import OwnBackward, SlotsBackward, grad_graph, mark_requires_grad
 from .ir import Graph, Node
-from .loop import Collect, LoopSpec, SeqIn, is_loop, traced_trip
+from .loop import Collect, LoopSpec, SeqIn, is_loop, is_projection, traced_trip
 from .partition import partition
 from .passes.manager import optimize
 from .registry import REGISTRY, Trait
@@ -72,12 +72,13 @@ def loop_joint(graph: Graph, wrt, seeded, blocked=frozenset(), picks=True):
 def with_detaches(graph, wrt, blocked):
     """`graph` with a `detach` after each node of `blocked` (ids of nodes recorded
     without autograd) that would carry a gradient from `wrt` without it (marks
-    requires_grad on `graph`)."""
+    requires_grad on `graph`, blocked nodes not, as `grad_graph` does)."""
     if not blocked:
         return graph
     mark_requires_grad(graph, wrt)
     cut = {id(n) for n in graph.nodes if id(n) in blocked and n.requires_grad and
            not n.is_source}
+    mark_requires_grad(graph, wrt, blocked)  # (as grad_graph leaves them: callers read)
     if not cut:
         return graph
     return graph.clone(lambda node, new: Node("detach", (new,), {}, tuple(node.shape),
@@ -87,7 +88,7 @@ def with_detaches(graph, wrt, blocked):
 def _own_backward(node, copy):
     if is_loop(copy):
         return LoopGrad(copy.op, copy.inputs, copy.attrs, copy.shape, copy.dtype)
-    if copy.op == "loop_out" and isinstance(copy.inputs[0], LoopGrad):
+    if is_projection(copy) and isinstance(copy.inputs[0], LoopGrad):
         return LoopOutGrad(copy.op, copy.inputs, copy.attrs, copy.shape, copy.dtype)
     return None
 
@@ -101,17 +102,10 @@ class LoopOutGrad(Node, OwnBackward):
         return [(self.inputs[0], (self.attrs["index"], g))]
 
 
-class LoopGrad(Node, OwnBackward):
+class LoopGrad(Node, SlotsBackward):
     """A loop node whose backward is a loop (`plan`, from `_prepare`)."""
 
     __slots__ = ("plan",)
-
-    def merge(self, e, old, g):
-        index, grad = g
-        slots = {} if old is None else old
-        prev = slots.get(index)
-        slots[index] = grad if prev is None else e("add", prev, grad)
-        return slots
 
     def route(self, e, g, value_of):
         return self.plan.backward(self, e, g)

@@ -19,6 +19,10 @@ if "HYBRIDNET_CACHE_DIR" not in os.environ:
     _OWN_CACHE = tempfile.mkdtemp(prefix="hybridnet-test-cache-")
     os.environ["HYBRIDNET_CACHE_DIR"] = _OWN_CACHE
 
+# A failure making a loop's gradient a loop raises in the tests (users get the unrolled
+# graph's gradient instead: compiler.gradient.split_gradient)
+os.environ.setdefault("HYBRIDNET_LOOP_GRAD", "strict")
+
 from compiler import blas  # noqa: E402  (after the path and the cache folder above)
 
 

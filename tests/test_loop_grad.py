@@ -203,3 +203,19 @@ def test_picked_steps_get_their_gradient_at_their_block():
             hs.append(h)
         return (hn.stack(hs).sum() + (hs[3] * hs[-2]).sum() + hs[0].mean())
     _same_as_unrolled(f, (xs,))
+
+
+@pytest.mark.parametrize("mode", ["strict", "0"])
+def test_the_pass_report_says_whether_the_loops_gradient_is_a_loop(monkeypatch, mode):
+    monkeypatch.setenv("HYBRIDNET_LOOP_GRAD", mode)
+    hn.manual_seed(0)
+    cell = nn.RNNCell(4, 5)
+    tg = _recorded(lambda x, y: F.mse_loss(_rnn(cell, x), y), hn.randn(12, 3, 4),
+                   hn.randn(3, 5))
+    wrt = [tg.graph.inputs[i] for i in tg.grad_inputs]
+    split, report = split_gradient(tg.graph, wrt, tg.grad_results, tg.blocked)
+    entry, = [p for p in report if p["name"] == "loop_grad"]
+    assert entry["changed"] == (mode == "strict")
+    assert (entry["note"] is None) == (mode == "strict"), entry
+    assert entry["nodes_after"] < entry["nodes_before"] if mode == "strict" else \
+        entry["nodes_after"] > entry["nodes_before"]

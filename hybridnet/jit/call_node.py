@@ -17,7 +17,7 @@ counts it as a fallback with that reason.
 
 import numpy as np
 
-from compiler.autodiff import OwnBackward, outputs_read_by_vjps
+from compiler.autodiff import OwnBackward, SlotsBackward, outputs_read_by_vjps
 from compiler.autodiff import backward as engine_backward
 from compiler.errors import OpError
 from compiler.registry import OpDef, Trait
@@ -42,18 +42,11 @@ VIEW_OPDEF = OpDef("compiled_call_output", -1, _not_runnable, _not_runnable, vjp
                    saves=frozenset(), traits=frozenset({Trait.MOVEMENT}))
 
 
-class CallNode(TapeNode, OwnBackward):
+class CallNode(TapeNode, SlotsBackward):
     """The one autograd node of a compiled call. `value` holds the saved arrays (None
     once freed); `call`: the `CallRecord` with the compiled backward."""
 
     __slots__ = ("call", "replay", "done", "walked", "seed_shapes")
-
-    def merge(self, e, old, g):
-        index, grad = g
-        slots = {} if old is None else old
-        prev = slots.get(index)
-        slots[index] = grad if prev is None else e("add", prev, grad)
-        return slots
 
     def route(self, e, g, value_of):
         grads = self.call.backward(self, g, value_of)
