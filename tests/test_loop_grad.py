@@ -8,7 +8,9 @@ backward loop, no step left unrolled) that makes it cheap to compile.
 
 import numpy as np
 import pytest
+from trace_helpers import recorded as _recorded
 from trace_helpers import same_loss_and_grads
+from trace_helpers import source_arrays as _arrays
 
 import hybridnet as hn
 import hybridnet.nn as nn
@@ -19,21 +21,6 @@ from compiler.loop import SeqIn, is_loop
 from compiler.loop_grad import _mirrored, loop_joint
 
 CELLS = {"rnn": nn.RNNCell, "lstm": nn.LSTMCell, "gru": nn.GRUCell}
-
-
-def _recorded(fn, *args):
-    traced = hn.trace(fn)
-    traced(*args)
-    entry = next(iter(traced.specializations.values()))
-    return entry.traces[0].tg
-
-
-def _arrays(tg, flat):
-    out = []
-    for s in tg.sources:
-        t = flat[s.index] if s.kind == "arg" else s.ref()
-        out.append(t.detach().numpy())
-    return out
 
 
 def _run_cell(cell, x, state):

@@ -7,7 +7,9 @@ the same values), the loop node's own impl run on other lengths, and eager hybri
 
 import numpy as np
 import pytest
+from trace_helpers import recorded as _recorded
 from trace_helpers import same_loss_and_grads
+from trace_helpers import source_arrays as _arrays
 
 import hybridnet as hn
 import hybridnet.nn as nn
@@ -41,22 +43,6 @@ def _forward(cell, xs, batch=3, hidden=5, collect=False):
         state, h = _step(cell, xs[t], state)
         outs.append(h)
     return hn.stack(outs) if collect else state[0]
-
-
-def _recorded(fn, *args):
-    """The trace graph of one call (recorded and lowered; nothing compiled by Numba)."""
-    traced = hn.trace(fn)
-    traced(*args)
-    entry = next(iter(traced.specializations.values()))
-    return entry.traces[0].tg
-
-
-def _arrays(tg, flat):
-    out = []
-    for s in tg.sources:
-        t = flat[s.index] if s.kind == "arg" else s.ref()
-        out.append(t.detach().numpy())
-    return out
 
 
 def _loops(graph):

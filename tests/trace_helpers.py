@@ -55,3 +55,20 @@ def weighted_call(f, params, args, grad):
             outs = flat_outputs(f(*args))
     grads = [None if p.grad is None else p.grad.numpy().copy() for p in params]
     return outs, [o.detach().numpy().copy() for o in outs], grads
+
+
+def recorded(fn, *args):
+    """The trace graph of one call of `fn` traced (recorded and lowered)."""
+    traced = hn.trace(fn)
+    traced(*args)
+    entry = next(iter(traced.specializations.values()))
+    return entry.traces[0].tg
+
+
+def source_arrays(tg, flat):
+    """The arrays of `tg`'s graph inputs for a call on the flat arguments `flat`."""
+    out = []
+    for s in tg.sources:
+        t = flat[s.index] if s.kind == "arg" else s.ref()
+        out.append(t.detach().numpy())
+    return out
