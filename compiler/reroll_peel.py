@@ -106,7 +106,7 @@ def _is(value, init, key, keys) -> bool:
     """Is the instantiated `value` the loop's initial value `init` (key `key`)?"""
     if isinstance(value, _Zero):
         return init.op == "const" and not np.any(np.asarray(init.attrs["value"]))
-    return keys.key_of[id(value)] == key
+    return keys.of(value) == key
 
 
 class _Reads:
@@ -256,7 +256,7 @@ def _rewrite(g, loop, reads, steps, keys) -> bool:
         by_key.setdefault(keys.of(node), node)
     for j, step in enumerate(steps):
         for c, value in enumerate(step[nc:nc + spec.n_collected]):
-            existing = None if isinstance(value, _Zero) else by_key.get(keys.key_of[id(value)])
+            existing = None if isinstance(value, _Zero) else by_key.get(keys.of(value))
             if existing is None or existing.op in ("input", "const") or existing is value:
                 continue
             collect = spec.collects[c]
