@@ -211,7 +211,7 @@ def reaching(graph, wrt, seeded, blocked=frozenset()) -> list:
     """Per node of `wrt`: the positions in `seeded` (output indices of `graph`) whose
     outputs depend on it differentiably (what eager backward from those outputs would
     reach). Marks `requires_grad` on `graph`'s nodes."""
-    mark_requires_grad(graph, wrt)
+    mark_requires_grad(graph, wrt, blocked)
     found = [set() for _ in wrt]
     position = {id(n): j for j, n in enumerate(wrt)}
     for slot, k in enumerate(seeded):
