@@ -12,10 +12,12 @@ a hand-written NumPy step, torch eager, torch.compile, jax.jit (value_and_grad +
 Medians of repeated runs in this one process, as ratios to the traced step.
 
 W4: a tanh RNNCell(64, 128), batch 32, over a stream of sequences of lengths 8..64: the
-forward over the sequence, an MSE loss on the last state, backward. Total time of the
-first pass over the stream (every compile included, into an empty kernel cache) and of
-a second, warm pass. The whole loss traced with each backend: llvm (the default)
-compiles the first two lengths exactly, then one numba kernel serves every length.
+forward over the sequence, an MSE loss on the last state, backward; against torch eager,
+torch.compile of the loss (one compile per length, up to its cache limit) and jax.jit
+with lax.scan (one compile per length). Total time of the first pass over the stream
+(every compile included, into an empty kernel cache) and of a second, warm pass. The
+whole loss traced with each backend: llvm (the default) merges three traced lengths into
+one kernel for every length (others are probed once), numba compiles size-generic code.
 """
 
 import argparse
@@ -202,20 +204,27 @@ def _hn_w4(stream, mode, backend=None):
     return cold, warm, traced
 
 
-def _torch_w4(torch, stream):
+def _torch_w4(torch, stream, compiled=False):
+    """torch eager, or the loss under torch.compile (`compiled`: dynamo unrolls the
+    Python loop, so each new length recompiles until its cache limit, 8 by default,
+    after which new lengths run eagerly)."""
     torch.manual_seed(0)
     torch.set_num_threads(1)
     cell = torch.nn.RNNCell(64, 128)
     data = [(torch.from_numpy(xs), torch.from_numpy(t)) for xs, t in stream]
 
+    def loss_of(xs, target):
+        h = torch.zeros(32, 128)
+        for t in range(xs.shape[0]):
+            h = cell(xs[t], h)
+        return torch.nn.functional.mse_loss(h, target)
+    loss_fn = torch.compile(loss_of) if compiled else loss_of
+
     def run():
         start = time.perf_counter()
         for xs, target in data:
             cell.zero_grad()
-            h = torch.zeros(32, 128)
-            for t in range(xs.shape[0]):
-                h = cell(xs[t], h)
-            torch.nn.functional.mse_loss(h, target).backward()
+            loss_fn(xs, target).backward()
         return time.perf_counter() - start
     return run(), run()
 
@@ -262,6 +271,12 @@ def bench_w4(quick):
     if torch is not None:
         cold, warm = _torch_w4(torch, stream)
         rows.append({"impl": "torch eager", "cold": cold, "warm": warm})
+        try:
+            cold, warm = _torch_w4(torch, stream, compiled=True)
+            rows.append({"impl": "torch.compile (default cache limit)", "cold": cold,
+                         "warm": warm})
+        except Exception as exc:  # noqa: BLE001  (no compiler toolchain, say)
+            print(f"torch.compile unavailable: {type(exc).__name__}: {str(exc)[:100]}")
     if jax is not None:
         cold, warm = _jax_w4(jax, stream)
         rows.append({"impl": "jax.jit(grad) with lax.scan", "cold": cold, "warm": warm})
