@@ -206,3 +206,24 @@ def test_the_pass_report_says_whether_the_loops_gradient_is_a_loop(monkeypatch, 
     assert (entry["note"] is None) == (mode == "strict"), entry
     assert entry["nodes_after"] < entry["nodes_before"] if mode == "strict" else \
         entry["nodes_after"] > entry["nodes_before"]
+
+
+def test_two_overlapping_runs_with_gradients_compile_once():
+    """stack(hs[1:]) - stack(hs[:-1]): each step's gradient adds two slices, which the
+    rerolled joint graph left unrolled per length; the loop's own gradient takes it."""
+    hn.manual_seed(0)
+    cell = nn.GRUCell(4, 5)
+
+    def f(xs):
+        h, hs = hn.zeros(3, 5), []
+        for t in range(xs.shape[0]):
+            h = cell(xs[t], h)
+            hs.append(h)
+        return ((hn.stack(hs[1:]) - hn.stack(hs[:-1])) ** 2).sum()
+    traced = hn.trace(f)
+    rng = np.random.default_rng(3)
+    for steps in (9, 13, 20, 31, 17, 11, 40, 25, 15, 33):  # (31, 40: probes)
+        xs = hn.tensor(rng.standard_normal((steps, 3, 4)).astype(np.float32))
+        same_loss_and_grads(traced, cell, xs)
+    assert len(traced.specializations) == 1 and traced.stats.compiles == 1, traced.stats
+    assert traced.stats.compiled_calls >= 5, traced.stats
