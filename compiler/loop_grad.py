@@ -28,12 +28,11 @@ collected output's gradient at that step's block.
 
 import numpy as np
 
-from .autodiff import OwnBackward, SlotsBackward, grad_graph, mark_requires_grad
+from .autodiff import OwnBackward, SlotsBackward, grad_graph, mark_requires_grad, viewed
 from .ir import Graph, Node
 from .loop import Collect, LoopSpec, SeqIn, is_loop, is_projection, traced_trip
 from .partition import partition
 from .passes.manager import optimize
-from .registry import REGISTRY, Trait
 from .reroll import reroll
 
 
@@ -142,11 +141,8 @@ def _prepare(g: Graph, loop: LoopGrad) -> None:
     saved = fwd.outputs[n_out:]
     kinds, extra, position = [], [], {}
     for s in saved:
-        chain, v = [], s
-        while id(v) not in where and REGISTRY[v.op].has(Trait.MOVEMENT) and \
-                len(v.inputs) == 1 and not v.is_source:
-            chain.append(v)  # (a view of an input is made again in the backward)
-            v = v.inputs[0]
+        # (a view of a body input is made again in the backward, from the input)
+        *chain, v = viewed(s)
         if id(v) not in where:
             chain, v = [], s
         i = where.get(id(v))
